@@ -1,0 +1,19 @@
+//! kube-proxy-rs: a drop-in replacement for Kubernetes kube-proxy in iptables mode.
+//!
+//! Data flows one way:
+//!
+//! ```text
+//! API objects ──▶ tracker (record changes) ──▶ proxier (render, pure) ──▶ iptables ──▶ kernel
+//! ```
+//!
+//! Start reading at [`proxier::render`], which turns service and endpoint maps into the exact
+//! `iptables-restore` input upstream kube-proxy writes; [`tracker`] turns Services and
+//! EndpointSlices into those maps; [`model`] holds the compact per-port and per-endpoint
+//! records; [`iptables`] is the only place that knows how rules reach the kernel.
+
+pub mod config;
+pub mod iptables;
+pub mod manifest;
+pub mod model;
+pub mod proxier;
+pub mod tracker;

@@ -1,0 +1,11 @@
+//! The domain model: names, addresses, service ports and endpoints. Pure data, no I/O.
+
+pub mod endpoint;
+pub mod ip;
+pub mod names;
+pub mod service;
+
+pub use endpoint::{EndpointInfo, EndpointRef};
+pub use ip::Cidr;
+pub use names::{IpFamily, NamespacedName, Protocol, ServicePortName};
+pub use service::{ServicePortInfo, ServicePortRef, SourceRange};

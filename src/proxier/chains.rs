@@ -1,0 +1,129 @@
+//! Chain names: the fixed top-level chains and the hashed per-service and per-endpoint ones.
+//!
+//! The hashed names must be bit-identical to upstream's so a node can switch between
+//! upstream kube-proxy and this one without stranding chains: the first 16 characters of the
+//! standard base32 encoding of SHA-256 over the service port name, the protocol and (for
+//! endpoint chains) the endpoint.
+
+use sha2::{Digest, Sha256};
+
+pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
+pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
+pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
+pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
+pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
+pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
+/// kubelet's copy of the anti-martian rule lives here; we only write it when localhost
+/// NodePorts are on.
+pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+/// Chains kubelet creates; ensured on full syncs so our rules can refer to them.
+pub const KUBE_KUBELET_CANARY: &str = "KUBE-KUBELET-CANARY";
+
+pub const SERVICE_CHAIN_PREFIX: &str = "KUBE-SVC-";
+pub const SERVICE_LOCAL_CHAIN_PREFIX: &str = "KUBE-SVL-";
+pub const SERVICE_FIREWALL_CHAIN_PREFIX: &str = "KUBE-FW-";
+pub const SERVICE_EXTERNAL_CHAIN_PREFIX: &str = "KUBE-EXT-";
+pub const ENDPOINT_CHAIN_PREFIX: &str = "KUBE-SEP-";
+
+/// Whether a nat chain is one of the per-service chains this proxier owns (and may delete
+/// when no longer referenced).
+pub fn is_service_chain_name(chain: &str) -> bool {
+    [
+        SERVICE_CHAIN_PREFIX,
+        SERVICE_LOCAL_CHAIN_PREFIX,
+        ENDPOINT_CHAIN_PREFIX,
+        SERVICE_FIREWALL_CHAIN_PREFIX,
+        SERVICE_EXTERNAL_CHAIN_PREFIX,
+    ]
+    .iter()
+    .any(|p| chain.starts_with(p))
+}
+
+/// The four chain names of a service port, computed once when the port is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceChainNames {
+    /// KUBE-SVC-: endpoints for "Cluster" traffic policy.
+    pub cluster_policy: String,
+    /// KUBE-SVL-: endpoints for "Local" traffic policy.
+    pub local_policy: String,
+    /// KUBE-FW-: loadBalancerSourceRanges filter.
+    pub firewall: String,
+    /// KUBE-EXT-: entry point for NodePort, external IP and load-balancer traffic.
+    pub external: String,
+}
+
+impl ServiceChainNames {
+    /// `service_port_name` is the display form (`ns/name:port`), `protocol` lower case.
+    pub fn new(service_port_name: &str, protocol: &str) -> Self {
+        let hash = port_proto_hash(service_port_name, protocol);
+        ServiceChainNames {
+            cluster_policy: format!("{SERVICE_CHAIN_PREFIX}{hash}"),
+            local_policy: format!("{SERVICE_LOCAL_CHAIN_PREFIX}{hash}"),
+            firewall: format!("{SERVICE_FIREWALL_CHAIN_PREFIX}{hash}"),
+            external: format!("{SERVICE_EXTERNAL_CHAIN_PREFIX}{hash}"),
+        }
+    }
+}
+
+/// KUBE-SEP- chain of one endpoint (`ip:port`) of a service port.
+pub fn endpoint_chain_name(service_port_name: &str, protocol: &str, endpoint: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(service_port_name.as_bytes());
+    h.update(protocol.as_bytes());
+    h.update(endpoint.as_bytes());
+    let mut name = String::with_capacity(ENDPOINT_CHAIN_PREFIX.len() + 16);
+    name.push_str(ENDPOINT_CHAIN_PREFIX);
+    push_base32_prefix16(&h.finalize(), &mut name);
+    name
+}
+
+fn port_proto_hash(service_port_name: &str, protocol: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(service_port_name.as_bytes());
+    h.update(protocol.as_bytes());
+    let mut out = String::with_capacity(16);
+    push_base32_prefix16(&h.finalize(), &mut out);
+    out
+}
+
+/// Appends the first 16 characters of the RFC 4648 base32 encoding of `digest`: exactly the
+/// first 10 bytes, so no padding is involved.
+fn push_base32_prefix16(digest: &[u8], out: &mut String) {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    for chunk in digest[..10].chunks(5) {
+        let v = chunk.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+        for i in (0..8).rev() {
+            out.push(ALPHABET[((v >> (i * 5)) & 31) as usize] as char);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Expected names are the ones upstream kube-proxy's own tests use for these services.
+    #[test]
+    fn service_chain_names_match_upstream() {
+        let names = ServiceChainNames::new("ns1/svc1:p80", "tcp");
+        assert_eq!(names.cluster_policy, "KUBE-SVC-XPGD46QRK7WJZT7O");
+        assert_eq!(names.external, "KUBE-EXT-XPGD46QRK7WJZT7O");
+        assert_eq!(names.local_policy, "KUBE-SVL-XPGD46QRK7WJZT7O");
+        assert_eq!(names.firewall, "KUBE-FW-XPGD46QRK7WJZT7O");
+    }
+
+    #[test]
+    fn endpoint_chain_name_matches_upstream() {
+        assert_eq!(endpoint_chain_name("ns1/svc1:p80", "tcp", "10.180.0.1:80"), "KUBE-SEP-SXIVWICOYRO3J4NJ");
+    }
+
+    #[test]
+    fn service_chain_prefixes_are_recognised() {
+        assert!(is_service_chain_name("KUBE-SEP-SXIVWICOYRO3J4NJ"));
+        assert!(is_service_chain_name("KUBE-FW-XPGD46QRK7WJZT7O"));
+        assert!(!is_service_chain_name("KUBE-SERVICES"));
+        assert!(!is_service_chain_name("KUBE-MARK-MASQ"));
+    }
+}

@@ -1,0 +1,3 @@
+//! The proxier: turns the tracked service and endpoint state into iptables rules.
+
+pub mod chains;
