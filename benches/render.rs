@@ -1,1 +1,188 @@
-fn main() {}
+//! Render benchmarks: full render of synthetic clusters (1k, 10k, 30k services with 10
+//! endpoints each), a partial sync after one endpoint change at 10k, and the whole `render`
+//! process (YAML parsing included) at 10k services.
+//!
+//! Run with `cargo bench --bench render` (add `-- --quick` for fewer rounds). Prints medians;
+//! results are recorded in docs/performance.md.
+
+use std::collections::{BTreeMap, HashSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kube_proxy_rs::iptables::save::chains_from_table;
+use kube_proxy_rs::model::{IpFamily, NamespacedName};
+use kube_proxy_rs::proxier::local_detect::LocalDetector;
+use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
+use kube_proxy_rs::proxier::render::{self, RenderConfig, RenderInput, RenderState};
+use kube_proxy_rs::synthetic::{self, ClusterShape};
+use kube_proxy_rs::tracker::{EndpointChangeTracker, EndpointsMap, ServiceChangeTracker, ServicePortMap};
+
+fn render_config() -> RenderConfig {
+    RenderConfig {
+        family: IpFamily::V4,
+        masquerade_all: false,
+        masquerade_mark: render::masquerade_mark(14),
+        localhost_nodeports: true,
+        local_detector: LocalDetector::Cidr(kube_proxy_rs::model::Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
+        node_ip: Some("192.168.0.2".parse().expect("ip")),
+        node_port_addresses: NodePortAddresses::new(IpFamily::V4, &[]),
+        random_fully: true,
+        conntrack_tcp_liberal: false,
+    }
+}
+
+struct Maps {
+    services: ServicePortMap,
+    endpoints: EndpointsMap,
+    svc_tracker: ServiceChangeTracker,
+    ep_tracker: EndpointChangeTracker,
+}
+
+fn build(shape: ClusterShape) -> Maps {
+    let cluster = synthetic::cluster(shape);
+    let mut svc_tracker = ServiceChangeTracker::new(IpFamily::V4);
+    let mut ep_tracker = EndpointChangeTracker::new(synthetic::NODE_NAME.to_string(), IpFamily::V4);
+    for s in &cluster.services {
+        svc_tracker.update(None, Some(s));
+    }
+    for s in &cluster.slices {
+        ep_tracker.endpoint_slice_update(s, false);
+    }
+    let mut services = ServicePortMap::default();
+    let mut endpoints = EndpointsMap::default();
+    services.apply_changes(&mut svc_tracker);
+    endpoints.apply_changes(&mut ep_tracker);
+    Maps { services, endpoints, svc_tracker, ep_tracker }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let rounds = if quick { 3 } else { 11 };
+    let cfg = render_config();
+    let labels = BTreeMap::new();
+    println!("| services | endpoints | full render median (ms) | restore input (MB) |");
+    println!("|---:|---:|---:|---:|");
+    let mut ten_k = None;
+    for services in [1_000usize, 10_000, 30_000] {
+        let maps = build(ClusterShape { services, endpoints_per_service: 10 });
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..rounds {
+            let input = RenderInput {
+                services: &maps.services,
+                endpoints: &maps.endpoints,
+                node_labels: &labels,
+                interface_addrs: &[],
+                changed: None,
+                existing_nat_chains: None,
+            };
+            let t = Instant::now();
+            let r = render::render(&cfg, &input, &RenderState::default());
+            times.push(t.elapsed());
+            bytes = r.payload.len();
+        }
+        println!(
+            "| {services} | {} | {:.1} | {:.1} |",
+            services * 10,
+            ms(median(times)),
+            bytes as f64 / 1e6
+        );
+        if services == 10_000 {
+            ten_k = Some(maps);
+        }
+    }
+
+    // Partial sync after one endpoint change, 10k services.
+    let Some(mut maps) = ten_k else { return };
+    let input = RenderInput {
+        services: &maps.services,
+        endpoints: &maps.endpoints,
+        node_labels: &labels,
+        interface_addrs: &[],
+        changed: None,
+        existing_nat_chains: None,
+    };
+    let full = render::render(&cfg, &input, &RenderState::default());
+    let mut state = RenderState::default();
+    state.commit(&full);
+    let full_bytes = full.payload.len();
+    let mut existing = chains_from_table(full.payload.split("*nat").nth(1).unwrap_or("").as_bytes());
+    drop(full);
+
+    let mut times = Vec::new();
+    let mut partial_bytes = 0;
+    for round in 0..rounds {
+        // Replace the endpoints of service 4242 (a rollout), as a watch event would.
+        let slice = synthetic::slice(4242, 10, round + 1);
+        maps.ep_tracker.endpoint_slice_update(&slice, false);
+        let t = Instant::now();
+        let svc_result = maps.services.apply_changes(&mut maps.svc_tracker);
+        let ep_result = maps.endpoints.apply_changes(&mut maps.ep_tracker);
+        let mut changed: HashSet<NamespacedName> = svc_result.updated_services.clone();
+        changed.extend(ep_result.updated_services.iter().cloned());
+        let input = RenderInput {
+            services: &maps.services,
+            endpoints: &maps.endpoints,
+            node_labels: &labels,
+            interface_addrs: &[],
+            changed: Some(&changed),
+            existing_nat_chains: Some(&existing),
+        };
+        let r = render::render(&cfg, &input, &state);
+        times.push(t.elapsed());
+        partial_bytes = r.payload.len();
+        state.commit(&r);
+        // What the kernel holds now: previous chains plus new ones, minus deleted ones.
+        let nat = r.payload.split("*nat").nth(1).unwrap_or("");
+        for line in nat.lines() {
+            if let Some(name) = line.strip_prefix(':') {
+                existing.insert(name.split(' ').next().unwrap_or("").to_string());
+            } else if let Some(name) = line.strip_prefix("-X ") {
+                existing.remove(name);
+            }
+        }
+    }
+    println!();
+    println!(
+        "partial sync after one endpoint change at 10k services: median {:.2} ms, {} bytes ({:.3}% of the full {} bytes)",
+        ms(median(times)),
+        partial_bytes,
+        partial_bytes as f64 * 100.0 / full_bytes as f64,
+        full_bytes
+    );
+
+    // The whole `render` process on a 10k-service manifest.
+    let cluster = synthetic::cluster(ClusterShape { services: 10_000, endpoints_per_service: 10 });
+    let yaml = synthetic::cluster_yaml(&cluster).expect("yaml");
+    let dir = std::env::temp_dir().join(format!("kube-proxy-rs-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("cluster.yaml");
+    std::fs::write(&path, &yaml).expect("write manifest");
+    let bin = env!("CARGO_BIN_EXE_kube-proxy-rs");
+    let mut times = Vec::new();
+    for _ in 0..rounds.min(5) {
+        let t = Instant::now();
+        let out = Command::new(bin)
+            .args(["render", "--hostname-override", synthetic::NODE_NAME])
+            .arg(&path)
+            .output()
+            .expect("run render");
+        times.push(t.elapsed());
+        assert!(out.status.success(), "render failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    println!(
+        "whole `render` process, 10k services / 100k endpoints ({:.1} MB of YAML): median {:.0} ms",
+        yaml.len() as f64 / 1e6,
+        ms(median(times))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,3 +17,6 @@ pub mod manifest;
 pub mod model;
 pub mod proxier;
 pub mod tracker;
+pub mod cli;
+pub mod render_cmd;
+pub mod synthetic;

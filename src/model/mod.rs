@@ -3,6 +3,7 @@
 pub mod endpoint;
 pub mod ip;
 pub mod names;
+pub mod node;
 pub mod service;
 
 pub use endpoint::{EndpointInfo, EndpointRef};

@@ -1,0 +1,102 @@
+//! `nodePortAddresses`: which of the node's addresses accept NodePort traffic.
+
+use std::net::IpAddr;
+
+use crate::model::{Cidr, IpFamily};
+
+/// The `nodePortAddresses` CIDRs of one family (upstream's `NodePortAddresses`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePortAddresses {
+    cidrs: Vec<Cidr>,
+    match_all: bool,
+    contains_ipv4_loopback: bool,
+}
+
+impl NodePortAddresses {
+    /// Keeps the CIDRs of `family`; with none left, every address matches (`0.0.0.0/0` or
+    /// `::/0`). Unparseable entries are ignored (configuration validation rejects them).
+    pub fn new(family: IpFamily, cidrs: &[String]) -> Self {
+        let mut parsed: Vec<Cidr> =
+            cidrs.iter().filter_map(|s| Cidr::parse_sloppy(s.trim())).filter(|c| c.family() == family).collect();
+        if parsed.is_empty() {
+            let zero = match family {
+                IpFamily::V4 => Cidr::parse_sloppy("0.0.0.0/0"),
+                IpFamily::V6 => Cidr::parse_sloppy("::/0"),
+            };
+            parsed.extend(zero);
+        }
+        let loopback: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 0));
+        let contains_ipv4_loopback = parsed
+            .iter()
+            .any(|c| c.family() == IpFamily::V4 && (c.network().is_loopback() || c.contains(&loopback)));
+        let match_all = parsed.iter().any(Cidr::is_zero);
+        if match_all {
+            parsed.retain(Cidr::is_zero);
+            parsed.truncate(1);
+        }
+        NodePortAddresses { cidrs: parsed, match_all, contains_ipv4_loopback }
+    }
+
+    /// Every local address of the family accepts NodePorts.
+    pub fn match_all(&self) -> bool {
+        self.match_all
+    }
+
+    pub fn contains_ipv4_loopback(&self) -> bool {
+        self.contains_ipv4_loopback
+    }
+
+    pub fn cidrs(&self) -> &[Cidr] {
+        &self.cidrs
+    }
+
+    /// The host addresses inside the CIDRs, deduplicated, in CIDR order then interface order.
+    pub fn node_ips(&self, interface_addrs: &[IpAddr]) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::new();
+        for cidr in &self.cidrs {
+            for ip in interface_addrs {
+                let ip = crate::model::ip::normalize(*ip);
+                if cidr.contains(&ip) && !out.contains(&ip) {
+                    out.push(ip);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn empty_matches_all() {
+        let n = NodePortAddresses::new(IpFamily::V4, &[]);
+        assert!(n.match_all());
+        assert!(n.contains_ipv4_loopback());
+        let n = NodePortAddresses::new(IpFamily::V6, &s(&["10.0.0.0/8"]));
+        assert!(n.match_all());
+        assert!(!n.contains_ipv4_loopback());
+    }
+
+    #[test]
+    fn filters_family_and_finds_ips() {
+        let n = NodePortAddresses::new(IpFamily::V4, &s(&["192.168.0.0/16", "fd00::/8", "127.0.0.1/32"]));
+        assert!(!n.match_all());
+        assert!(n.contains_ipv4_loopback());
+        let addrs: Vec<IpAddr> =
+            ["10.0.0.1", "192.168.1.2", "127.0.0.1", "fd00::1"].iter().map(|a| a.parse().unwrap()).collect();
+        assert_eq!(n.node_ips(&addrs), vec![addrs[1], addrs[2]]);
+    }
+
+    #[test]
+    fn zero_cidr_wins() {
+        let n = NodePortAddresses::new(IpFamily::V4, &s(&["192.168.0.0/16", "0.0.0.0/0"]));
+        assert!(n.match_all());
+        assert_eq!(n.cidrs().len(), 1);
+    }
+}

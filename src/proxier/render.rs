@@ -1,0 +1,737 @@
+//! The renderer: service and endpoint maps in, `iptables-restore` input out. Pure: no I/O,
+//! no clock, no logging per rule.
+//!
+//! The rule text, and which rules exist, follow upstream kube-proxy's `syncProxyRules` (1.29)
+//! exactly. The document is laid out in the canonical order upstream's own tests normalise to
+//! (tables by name; `KUBE-NODEPORTS`, `KUBE-SERVICES`, then the other chains by name; all chain
+//! lines, then each chain's rules, then `-X` lines), with services taken in order of their
+//! `ns/name:port` string. That makes the output deterministic and diffable, and identical to
+//! upstream's fixtures, while being exactly equivalent for iptables-restore.
+//!
+//! Partial syncs (`RenderInput::changed` set) rewrite only the chains of changed services and,
+//! going beyond upstream, only those top-level chains whose content changed since the last
+//! successful sync ([`RenderState`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use crate::model::{EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortRef};
+use crate::proxier::chains::{self, is_service_chain_name};
+use crate::proxier::local_detect::LocalDetector;
+use crate::proxier::nodeport_addresses::NodePortAddresses;
+use crate::tracker::topology::categorize_endpoints;
+use crate::tracker::{EndpointsMap, ServicePortMap};
+
+/// Above this many endpoints (over all services) rules lose their per-endpoint comments and
+/// stale chains are cleaned up at most once per sync period, as upstream does.
+pub const LARGE_CLUSTER_ENDPOINTS_THRESHOLD: usize = 1000;
+
+/// Settings that shape the rules; fixed for the life of a proxier.
+#[derive(Debug, Clone)]
+pub struct RenderConfig {
+    pub family: IpFamily,
+    /// SNAT all traffic sent to cluster IPs.
+    pub masquerade_all: bool,
+    /// `0x00004000`-style mark (Go's `%#08x` of `1 << masqueradeBit`).
+    pub masquerade_mark: String,
+    /// Effective setting: already false when nodePortAddresses excludes 127.0.0.0/8.
+    pub localhost_nodeports: bool,
+    pub local_detector: LocalDetector,
+    /// The node's IP of this family; decides whether LB source ranges admit the node.
+    pub node_ip: Option<IpAddr>,
+    pub node_port_addresses: NodePortAddresses,
+    /// MASQUERADE supports `--random-fully` (iptables 1.6.2 and later).
+    pub random_fully: bool,
+    /// `nf_conntrack_tcp_be_liberal` is set: no INVALID-drop rule.
+    pub conntrack_tcp_liberal: bool,
+}
+
+/// One sync's view of the world.
+#[derive(Debug, Clone, Copy)]
+pub struct RenderInput<'a> {
+    pub services: &'a ServicePortMap,
+    pub endpoints: &'a EndpointsMap,
+    /// Labels of this node (for the topology zone).
+    pub node_labels: &'a BTreeMap<String, String>,
+    /// The host's interface addresses, used when nodePortAddresses does not match all.
+    pub interface_addrs: &'a [IpAddr],
+    /// `None` for a full sync; for a partial sync, the services whose chains must be rewritten.
+    pub changed: Option<&'a HashSet<NamespacedName>>,
+    /// The nat chains `iptables-save` reported, when stale chains are to be cleaned up.
+    pub existing_nat_chains: Option<&'a HashSet<String>>,
+}
+
+/// Top-level chain contents as last written successfully, so a partial sync can leave the
+/// unchanged ones out of its restore input.
+#[derive(Debug, Default, Clone)]
+pub struct RenderState {
+    written: HashMap<&'static str, String>,
+}
+
+impl RenderState {
+    /// Records what a successful restore of `rendered` put in place.
+    pub fn commit(&mut self, rendered: &Rendered) {
+        if rendered.full {
+            self.written.clear();
+        }
+        for (key, body) in &rendered.top_level {
+            self.written.insert(key, body.clone());
+        }
+    }
+
+    /// Forgets everything: the next render writes every top-level chain.
+    pub fn reset(&mut self) {
+        self.written.clear();
+    }
+}
+
+/// Counts reported with each render (metrics and logs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenderStats {
+    pub services: usize,
+    pub endpoints: usize,
+    pub large_cluster_mode: bool,
+    /// Rule lines in the restore input, per table.
+    pub filter_rules: usize,
+    pub nat_rules: usize,
+    pub filter_chains: usize,
+    pub nat_chains: usize,
+    /// nat rules that exist after this sync, including those of services not rewritten.
+    pub nat_rules_total: usize,
+    /// filter rules that exist after this sync.
+    pub filter_rules_total: usize,
+    pub deleted_chains: usize,
+    /// Services whose internal (resp. external) traffic policy is Local with no local endpoint.
+    pub no_local_endpoints_internal: usize,
+    pub no_local_endpoints_external: usize,
+}
+
+/// The result of one render.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    /// The `iptables-restore` input (for `--noflush`).
+    pub payload: String,
+    pub full: bool,
+    pub stats: RenderStats,
+    /// Top-level chains written in this payload, keyed `table/chain`, with their rules.
+    top_level: Vec<(&'static str, String)>,
+}
+
+/// Total endpoints of the services in the map: decides large-cluster mode.
+pub fn total_endpoints(services: &ServicePortMap, endpoints: &EndpointsMap) -> usize {
+    services.keys().map(|name| endpoints.get(name).map_or(0, Vec::len)).sum()
+}
+
+/// The masquerade mark for a mark bit, as Go's `%#08x` prints `1 << bit`: the width pads the
+/// digits, so bit 14 is `0x00004000`.
+pub fn masquerade_mark(bit: u32) -> String {
+    format!("0x{:08x}", 1u64 << bit.min(31))
+}
+
+/// Renders the filter and nat tables.
+pub fn render(cfg: &RenderConfig, input: &RenderInput<'_>, state: &RenderState) -> Rendered {
+    let mut r = Renderer::new(cfg, input);
+    r.run();
+    r.finish(state)
+}
+
+/// A chain body for the per-service chains: its name and the range of its rule lines in the
+/// shared arena.
+struct ChainSpan<'a> {
+    name: &'a str,
+    start: usize,
+    end: usize,
+}
+
+struct Renderer<'a> {
+    cfg: &'a RenderConfig,
+    input: &'a RenderInput<'a>,
+    large: bool,
+    // Top-level chain bodies.
+    filter_services: String,
+    filter_external: String,
+    filter_nodeports: String,
+    filter_firewall: String,
+    nat_services: String,
+    nat_nodeports: String,
+    // Per-service nat chains: rule text in one arena, spans per chain.
+    arena: String,
+    spans: Vec<ChainSpan<'a>>,
+    active: HashSet<&'a str>,
+    stale: Vec<String>,
+    probabilities: Vec<String>,
+    stats: RenderStats,
+    skipped_nat_rules: usize,
+}
+
+impl<'a> Renderer<'a> {
+    fn new(cfg: &'a RenderConfig, input: &'a RenderInput<'a>) -> Self {
+        let total = total_endpoints(input.services, input.endpoints);
+        let large = total > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
+        Renderer {
+            cfg,
+            input,
+            large,
+            filter_services: String::new(),
+            filter_external: String::new(),
+            filter_nodeports: String::new(),
+            filter_firewall: String::new(),
+            nat_services: String::with_capacity(input.services.len() * 160),
+            nat_nodeports: String::new(),
+            arena: String::with_capacity(total * 300 + input.services.len() * 300),
+            spans: Vec::with_capacity(total + input.services.len() * 2),
+            active: HashSet::with_capacity(total + input.services.len() * 2),
+            stale: Vec::new(),
+            probabilities: Vec::new(),
+            stats: RenderStats {
+                services: input.services.len(),
+                endpoints: total,
+                large_cluster_mode: large,
+                ..RenderStats::default()
+            },
+            skipped_nat_rules: 0,
+        }
+    }
+
+    fn run(&mut self) {
+        let mut services: Vec<&'a ServicePortRef> = self.input.services.values().collect();
+        services.sort_unstable_by(|a, b| a.name_string.cmp(&b.name_string).then_with(|| a.protocol.cmp(&b.protocol)));
+        for svc in services {
+            self.service(svc);
+        }
+        self.stale_chains();
+        self.nodeports_tail();
+    }
+
+    fn probability(&mut self, n: usize) -> &str {
+        if self.probabilities.len() <= n {
+            for i in self.probabilities.len()..=n {
+                self.probabilities.push(if i == 0 { String::new() } else { format!("{:.10}", 1.0 / i as f64) });
+            }
+        }
+        &self.probabilities[n]
+    }
+
+    fn service(&mut self, svc: &'a ServicePortInfo) {
+        let input = self.input;
+        let endpoints: &'a [EndpointRef] = input.endpoints.get(&svc.name).map_or(&[], Vec::as_slice);
+        let cat = categorize_endpoints(endpoints, svc, input.node_labels);
+        let name = svc.name_string.as_str();
+        let proto = svc.protocol.lower();
+        let port = svc.port;
+
+        let cluster_chain = svc.chains.cluster_policy.as_str();
+        let local_chain = svc.chains.local_policy.as_str();
+        let uses_cluster_chain = !cat.cluster.is_empty() && svc.uses_cluster_endpoints();
+        let uses_local_chain = !cat.local.is_empty() && svc.uses_local_endpoints();
+
+        let mut internal_chain = cluster_chain;
+        let mut has_internal = cat.has_any_endpoints;
+        if svc.internal_policy_local {
+            internal_chain = local_chain;
+            if cat.local.is_empty() {
+                has_internal = false;
+            }
+        }
+        let mut external_policy_chain = cluster_chain;
+        let mut has_external = cat.has_any_endpoints;
+        if svc.external_policy_local {
+            external_policy_chain = local_chain;
+            if cat.local.is_empty() {
+                has_external = false;
+            }
+        }
+        let external_chain = svc.chains.external.as_str();
+        let uses_external_chain = cat.has_any_endpoints && svc.externally_accessible();
+        let fw_chain = svc.chains.firewall.as_str();
+        let uses_fw_chain = cat.has_any_endpoints
+            && !svc.load_balancer_ips.is_empty()
+            && !svc.load_balancer_source_ranges.is_empty();
+        let lb_chain = if uses_fw_chain { fw_chain } else { external_chain };
+
+        let (internal_target, internal_comment, external_target, external_comment);
+        if !cat.has_any_endpoints {
+            internal_target = "REJECT";
+            internal_comment = format!("\"{name} has no endpoints\"");
+            external_target = "REJECT";
+            external_comment = internal_comment.clone();
+        } else {
+            internal_target = "DROP";
+            external_target = "DROP";
+            internal_comment = format!("\"{name} has no local endpoints\"");
+            external_comment = internal_comment.clone();
+            if !has_internal {
+                self.stats.no_local_endpoints_internal += 1;
+            }
+            if !has_external {
+                self.stats.no_local_endpoints_external += 1;
+            }
+        }
+
+        // Cluster IP.
+        if has_internal {
+            let _ = writeln!(
+                self.nat_services,
+                "-A KUBE-SERVICES -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} -j {internal_chain}",
+                svc.cluster_ip
+            );
+        } else {
+            let _ = writeln!(
+                self.filter_services,
+                "-A KUBE-SERVICES -m comment --comment {internal_comment} -m {proto} -p {proto} -d {} --dport {port} -j {internal_target}",
+                svc.cluster_ip
+            );
+        }
+
+        // External IPs.
+        for ip in &svc.external_ips {
+            if cat.has_any_endpoints {
+                let _ = writeln!(
+                    self.nat_services,
+                    "-A KUBE-SERVICES -m comment --comment \"{name} external IP\" -m {proto} -p {proto} -d {ip} --dport {port} -j {external_chain}"
+                );
+            }
+            if !has_external {
+                let _ = writeln!(
+                    self.filter_external,
+                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment {external_comment} -m {proto} -p {proto} -d {ip} --dport {port} -j {external_target}"
+                );
+            }
+        }
+
+        // Load-balancer IPs.
+        for ip in &svc.load_balancer_ips {
+            if cat.has_any_endpoints {
+                let _ = writeln!(
+                    self.nat_services,
+                    "-A KUBE-SERVICES -m comment --comment \"{name} loadbalancer IP\" -m {proto} -p {proto} -d {ip} --dport {port} -j {lb_chain}"
+                );
+            }
+            if uses_fw_chain {
+                let _ = writeln!(
+                    self.filter_firewall,
+                    "-A KUBE-PROXY-FIREWALL -m comment --comment \"{name} traffic not accepted by {fw_chain}\" -m {proto} -p {proto} -d {ip} --dport {port} -j DROP"
+                );
+            }
+        }
+        if !has_external {
+            for ip in &svc.load_balancer_ips {
+                let _ = writeln!(
+                    self.filter_external,
+                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment {external_comment} -m {proto} -p {proto} -d {ip} --dport {port} -j {external_target}"
+                );
+            }
+        }
+
+        // Node port.
+        if svc.node_port != 0 {
+            let node_port = svc.node_port;
+            if cat.has_any_endpoints {
+                let _ = writeln!(
+                    self.nat_nodeports,
+                    "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} --dport {node_port} -j {external_chain}"
+                );
+            }
+            if !has_external {
+                let _ = writeln!(
+                    self.filter_external,
+                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment {external_comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {external_target}"
+                );
+            }
+        }
+
+        // Health check node port: always accepted, local endpoints or not.
+        if svc.health_check_node_port != 0 {
+            let _ = writeln!(
+                self.filter_nodeports,
+                "-A KUBE-NODEPORTS -m comment --comment \"{name} health check node port\" -m tcp -p tcp --dport {} -j ACCEPT",
+                svc.health_check_node_port
+            );
+        }
+
+        // The per-service chains stay (they are active) whether or not they are rewritten.
+        if uses_external_chain {
+            self.active.insert(external_chain);
+        }
+        if uses_fw_chain {
+            self.active.insert(fw_chain);
+        }
+        if uses_cluster_chain {
+            self.active.insert(cluster_chain);
+        }
+        if uses_local_chain {
+            self.active.insert(local_chain);
+        }
+        for ep in &cat.all_reachable {
+            self.active.insert(ep.chain_name.as_str());
+        }
+
+        let skip = match input.changed {
+            Some(changed) => !changed.contains(&svc.name.service),
+            None => false,
+        };
+        let arena_before = self.arena.len();
+        let spans_before = self.spans.len();
+
+        // Rules that send cluster-IP traffic to masquerade, in the internal traffic chain.
+        let internal_masq = if has_internal {
+            if self.cfg.masquerade_all {
+                Some(format!(
+                    "-A {internal_chain} -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} -j KUBE-MARK-MASQ\n",
+                    svc.cluster_ip
+                ))
+            } else if self.cfg.local_detector.is_implemented() {
+                Some(format!(
+                    "-A {internal_chain} -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} {} -j KUBE-MARK-MASQ\n",
+                    svc.cluster_ip,
+                    self.cfg.local_detector.if_not_local().join(" ")
+                ))
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+
+        // KUBE-EXT-
+        if uses_external_chain {
+            let start = self.arena.len();
+            let a = &mut self.arena;
+            if !svc.external_policy_local {
+                let _ = writeln!(
+                    a,
+                    "-A {external_chain} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ"
+                );
+            } else {
+                if self.cfg.local_detector.is_implemented() {
+                    let _ = writeln!(
+                        a,
+                        "-A {external_chain} -m comment --comment \"pod traffic for {name} external destinations\" {} -j {cluster_chain}",
+                        self.cfg.local_detector.if_local().join(" ")
+                    );
+                }
+                let _ = writeln!(
+                    a,
+                    "-A {external_chain} -m comment --comment \"masquerade LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"
+                );
+                let _ = writeln!(
+                    a,
+                    "-A {external_chain} -m comment --comment \"route LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j {cluster_chain}"
+                );
+            }
+            if has_external {
+                let _ = writeln!(a, "-A {external_chain} -j {external_policy_chain}");
+            }
+            let end = self.arena.len();
+            self.spans.push(ChainSpan { name: external_chain, start, end });
+        }
+
+        // KUBE-FW-
+        if uses_fw_chain {
+            let start = self.arena.len();
+            let a = &mut self.arena;
+            let mut allow_from_node = false;
+            for src in &svc.load_balancer_source_ranges {
+                let _ = writeln!(
+                    a,
+                    "-A {fw_chain} -m comment --comment \"{name} loadbalancer IP\" -s {} -j {external_chain}",
+                    src.text
+                );
+                if let (Some(cidr), Some(node_ip)) = (&src.cidr, &self.cfg.node_ip) {
+                    if cidr.contains(node_ip) {
+                        allow_from_node = true;
+                    }
+                }
+            }
+            if allow_from_node {
+                for ip in &svc.load_balancer_ips {
+                    let _ = writeln!(
+                        a,
+                        "-A {fw_chain} -m comment --comment \"{name} loadbalancer IP\" -s {ip} -j {external_chain}"
+                    );
+                }
+            }
+            let _ = writeln!(
+                a,
+                "-A {fw_chain} -m comment --comment \"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL\""
+            );
+            let end = self.arena.len();
+            self.spans.push(ChainSpan { name: fw_chain, start, end });
+        }
+
+        // KUBE-SVC- and KUBE-SVL-
+        for (used, chain, eps) in [
+            (uses_cluster_chain, cluster_chain, &cat.cluster),
+            (uses_local_chain, local_chain, &cat.local),
+        ] {
+            if !used {
+                continue;
+            }
+            let start = self.arena.len();
+            if internal_chain == chain {
+                if let Some(rule) = &internal_masq {
+                    self.arena.push_str(rule);
+                }
+            }
+            self.service_to_endpoint_rules(svc, chain, eps);
+            let end = self.arena.len();
+            self.spans.push(ChainSpan { name: chain, start, end });
+        }
+
+        // KUBE-SEP-
+        for ep in &cat.all_reachable {
+            let chain = ep.chain_name.as_str();
+            let start = self.arena.len();
+            let a = &mut self.arena;
+            a.push_str("-A ");
+            a.push_str(chain);
+            if !self.large {
+                a.push_str(" -m comment --comment ");
+                a.push_str(name);
+            }
+            let prefix_end = a.len();
+            a.push_str(" -s ");
+            a.push_str(&ep.ip);
+            a.push_str(" -j KUBE-MARK-MASQ\n");
+            let prefix = a[start..prefix_end].to_string();
+            a.push_str(&prefix);
+            if let Some(_secs) = svc.sticky_seconds {
+                a.push_str(" -m recent --name ");
+                a.push_str(chain);
+                a.push_str(" --set");
+            }
+            let _ = writeln!(a, " -m {proto} -p {proto} -j DNAT --to-destination {}", ep.endpoint);
+            let end = self.arena.len();
+            self.spans.push(ChainSpan { name: chain, start, end });
+        }
+
+        if skip {
+            // Unchanged since the last sync: the kernel already has these chains. Count their
+            // rules for the metrics, then drop them from the input.
+            self.skipped_nat_rules += count_lines(&self.arena[arena_before..]);
+            self.arena.truncate(arena_before);
+            self.spans.truncate(spans_before);
+        }
+    }
+
+    fn service_to_endpoint_rules(
+        &mut self,
+        svc: &ServicePortInfo,
+        chain: &str,
+        eps: &[&'a EndpointRef],
+    ) {
+        let name = svc.name_string.as_str();
+        if let Some(secs) = svc.sticky_seconds {
+            for ep in eps {
+                let ep_chain = ep.chain_name.as_str();
+                let a = &mut self.arena;
+                a.push_str("-A ");
+                a.push_str(chain);
+                if !self.large {
+                    let _ = write!(a, " -m comment --comment \"{name} -> {}\"", ep.endpoint);
+                }
+                let _ = writeln!(a, " -m recent --name {ep_chain} --rcheck --seconds {secs} --reap -j {ep_chain}");
+            }
+        }
+        let n = eps.len();
+        for (i, ep) in eps.iter().enumerate() {
+            let ep_chain = ep.chain_name.as_str();
+            let prob = if i + 1 < n { Some(self.probability(n - i).to_string()) } else { None };
+            let a = &mut self.arena;
+            a.push_str("-A ");
+            a.push_str(chain);
+            if !self.large {
+                let _ = write!(a, " -m comment --comment \"{name} -> {}\"", ep.endpoint);
+            }
+            if let Some(p) = prob {
+                a.push_str(" -m statistic --mode random --probability ");
+                a.push_str(&p);
+            }
+            a.push_str(" -j ");
+            a.push_str(ep_chain);
+            a.push('\n');
+        }
+    }
+
+    fn stale_chains(&mut self) {
+        let Some(existing) = self.input.existing_nat_chains else {
+            return;
+        };
+        let mut stale: Vec<String> = existing
+            .iter()
+            .filter(|c| is_service_chain_name(c) && !self.active.contains(c.as_str()))
+            .cloned()
+            .collect();
+        stale.sort_unstable();
+        self.stale = stale;
+    }
+
+    fn nodeports_tail(&mut self) {
+        let comment = "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
+        let npa = &self.cfg.node_port_addresses;
+        let v6 = self.cfg.family == IpFamily::V6;
+        if npa.match_all() {
+            let mut dest = String::from("-m addrtype --dst-type LOCAL");
+            if v6 {
+                dest.push_str(" ! -d ::1/128");
+            } else if !self.cfg.localhost_nodeports {
+                dest.push_str(" ! -d 127.0.0.0/8");
+            }
+            let _ = writeln!(self.nat_services, "-A KUBE-SERVICES {comment} {dest} -j KUBE-NODEPORTS");
+        } else {
+            for ip in npa.node_ips(self.input.interface_addrs) {
+                if ip.is_loopback() && (v6 || !self.cfg.localhost_nodeports) {
+                    continue;
+                }
+                let _ = writeln!(
+                    self.nat_services,
+                    "-A KUBE-SERVICES {comment} -d {} -j KUBE-NODEPORTS",
+                    crate::model::ip::format_ip(&ip)
+                );
+            }
+        }
+    }
+
+    fn finish(self, state: &RenderState) -> Rendered {
+        let cfg = self.cfg;
+        let full = self.input.changed.is_none();
+        let mark = &cfg.masquerade_mark;
+        let mut stats = self.stats;
+
+        // Fixed top-level chains.
+        let mut forward = String::new();
+        if !cfg.conntrack_tcp_liberal {
+            forward.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
+        }
+        let _ = writeln!(
+            forward,
+            "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
+        );
+        forward.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
+
+        let mut postrouting = String::new();
+        let _ = writeln!(postrouting, "-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN");
+        let _ = writeln!(postrouting, "-A KUBE-POSTROUTING -j MARK --xor-mark {mark}");
+        postrouting.push_str(
+            "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE",
+        );
+        if cfg.random_fully {
+            postrouting.push_str(" --random-fully");
+        }
+        postrouting.push('\n');
+        let mark_masq = format!("-A KUBE-MARK-MASQ -j MARK --or-mark {mark}\n");
+
+        let kubelet_firewall = (cfg.family == IpFamily::V4 && cfg.localhost_nodeports).then(|| {
+            "-A KUBE-FIREWALL -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n".to_string()
+        });
+
+        // Filter table top-level chains, in canonical order.
+        let mut filter: Vec<(&'static str, &'static str, String)> = vec![
+            ("filter/KUBE-NODEPORTS", chains::KUBE_NODEPORTS, self.filter_nodeports),
+            ("filter/KUBE-SERVICES", chains::KUBE_SERVICES, self.filter_services),
+            ("filter/KUBE-EXTERNAL-SERVICES", chains::KUBE_EXTERNAL_SERVICES, self.filter_external),
+        ];
+        if let Some(fw) = kubelet_firewall {
+            filter.push(("filter/KUBE-FIREWALL", chains::KUBE_FIREWALL, fw));
+        }
+        filter.push(("filter/KUBE-FORWARD", chains::KUBE_FORWARD, forward));
+        filter.push(("filter/KUBE-PROXY-FIREWALL", chains::KUBE_PROXY_FIREWALL, self.filter_firewall));
+
+        let nat_top: Vec<(&'static str, &'static str, String)> = vec![
+            ("nat/KUBE-NODEPORTS", chains::KUBE_NODEPORTS, self.nat_nodeports),
+            ("nat/KUBE-SERVICES", chains::KUBE_SERVICES, self.nat_services),
+            ("nat/KUBE-MARK-MASQ", chains::KUBE_MARK_MASQ, mark_masq),
+            ("nat/KUBE-POSTROUTING", chains::KUBE_POSTROUTING, postrouting),
+        ];
+
+        let unchanged = |key: &str, body: &str| !full && state.written.get(key).is_some_and(|b| b == body);
+
+        let mut top_level = Vec::new();
+        let mut out = String::with_capacity(self.arena.len() * 2 + 4096);
+
+        // *filter
+        out.push_str("*filter\n");
+        let filter: Vec<_> = filter.into_iter().filter(|(k, _, body)| !unchanged(k, body)).collect();
+        for (_, chain, _) in &filter {
+            let _ = writeln!(out, ":{chain} - [0:0]");
+        }
+        for (key, _, body) in filter {
+            out.push_str(&body);
+            stats.filter_chains += 1;
+            stats.filter_rules += count_lines(&body);
+            top_level.push((key, body));
+        }
+        out.push_str("COMMIT\n");
+
+        // *nat: the two fixed-first chains, then everything else by name.
+        out.push_str("*nat\n");
+        enum Body {
+            Top(&'static str, String),
+            Span(usize, usize),
+            Stale,
+        }
+        let mut nat: Vec<(&str, Body)> = Vec::with_capacity(self.spans.len() + self.stale.len() + 4);
+        let mut firsts: Vec<(&str, Body)> = Vec::new();
+        for (key, chain, body) in nat_top {
+            if unchanged(key, &body) {
+                continue;
+            }
+            if chain == chains::KUBE_NODEPORTS || chain == chains::KUBE_SERVICES {
+                firsts.push((chain, Body::Top(key, body)));
+            } else {
+                nat.push((chain, Body::Top(key, body)));
+            }
+        }
+        // Each per-service chain has exactly one span: its rules are written together.
+        for span in &self.spans {
+            nat.push((span.name, Body::Span(span.start, span.end)));
+        }
+        for chain in &self.stale {
+            nat.push((chain.as_str(), Body::Stale));
+        }
+        nat.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let all: Vec<(&str, Body)> = firsts.into_iter().chain(nat).collect();
+        for (chain, _) in &all {
+            let _ = writeln!(out, ":{chain} - [0:0]");
+        }
+        stats.nat_chains = all.len();
+        let mut nat_rules = 0;
+        for (_, body) in &all {
+            match body {
+                Body::Top(_, text) => {
+                    out.push_str(text);
+                    nat_rules += count_lines(text);
+                }
+                Body::Span(s, e) => {
+                    let text = &self.arena[*s..*e];
+                    out.push_str(text);
+                    nat_rules += count_lines(text);
+                }
+                Body::Stale => {}
+            }
+        }
+        for (chain, body) in &all {
+            if matches!(body, Body::Stale) {
+                let _ = writeln!(out, "-X {chain}");
+                nat_rules += 1;
+                stats.deleted_chains += 1;
+            }
+        }
+        out.push_str("COMMIT\n");
+        for (_, body) in all {
+            if let Body::Top(key, text) = body {
+                top_level.push((key, text));
+            }
+        }
+
+        stats.nat_rules = nat_rules;
+        stats.nat_rules_total = nat_rules + self.skipped_nat_rules - stats.deleted_chains;
+        stats.filter_rules_total = stats.filter_rules;
+        Rendered { payload: out, full, stats, top_level }
+    }
+}
+
+fn count_lines(s: &str) -> usize {
+    s.as_bytes().iter().filter(|b| **b == b'\n').count()
+}

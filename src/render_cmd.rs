@@ -1,0 +1,213 @@
+//! The `render` command: cluster snapshots from YAML in, the iptables-restore input of each
+//! sync out, computed by the same proxier the daemon runs, against a fake iptables that keeps
+//! the state each sync leaves behind.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+
+use crate::cli::{IpFamilyArg, RenderArgs};
+use crate::config::{self, Settings};
+use crate::iptables::fake::FakeIptables;
+use crate::manifest::{self, Snapshot};
+use crate::model::IpFamily;
+use crate::model::node::{NodeInfo, NodeIps};
+use crate::proxier::nodeport_addresses::NodePortAddresses;
+use crate::proxier::render::masquerade_mark;
+use crate::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderCmdError {
+    #[error(transparent)]
+    Manifest(#[from] manifest::ManifestError),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("invalid --iptables-version {0:?}: expected X.Y.Z")]
+    IptablesVersion(String),
+    #[error("failed to write output: {0}")]
+    Output(#[from] std::io::Error),
+    #[error("sync {sync} failed: {reason}")]
+    Sync { sync: usize, reason: String },
+}
+
+impl RenderCmdError {
+    /// Exit code: 2 for bad input (files, config, flags), 1 for anything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RenderCmdError::Manifest(_) | RenderCmdError::Config(_) | RenderCmdError::IptablesVersion(_) => 2,
+            RenderCmdError::Output(_) | RenderCmdError::Sync { .. } => 1,
+        }
+    }
+}
+
+/// `--random-fully` needs iptables 1.6.2 or later.
+fn random_fully_supported(version: &str) -> Result<bool, RenderCmdError> {
+    let parts: Vec<u64> = version
+        .trim()
+        .trim_start_matches('v')
+        .split('.')
+        .map(|p| p.parse::<u64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| RenderCmdError::IptablesVersion(version.to_string()))?;
+    if parts.is_empty() || parts.len() > 4 {
+        return Err(RenderCmdError::IptablesVersion(version.to_string()));
+    }
+    let get = |i: usize| parts.get(i).copied().unwrap_or(0);
+    Ok((get(0), get(1), get(2)) >= (1, 6, 2))
+}
+
+/// The OS hostname, as upstream's `GetHostname` normalises it.
+fn os_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default()
+        .trim()
+        .to_lowercase()
+}
+
+/// Runs `render`, writing each sync's header and payload to `out`.
+pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError> {
+    let settings = match &args.config {
+        Some(path) => config::load_settings(path)?,
+        None => Settings::default(),
+    };
+    let random_fully = random_fully_supported(&args.iptables_version)?;
+    let family = match args.ip_family {
+        IpFamilyArg::Ipv4 => IpFamily::V4,
+        IpFamilyArg::Ipv6 => IpFamily::V6,
+    };
+    let hostname = args
+        .hostname_override
+        .clone()
+        .or_else(|| settings.hostname_override.clone())
+        .map(|h| h.trim().to_lowercase())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(os_hostname);
+
+    // Load every snapshot before printing anything: a bad file fails the whole command.
+    let mut snapshots = Vec::with_capacity(1 + args.then.len());
+    snapshots.push(load(&args.manifests)?);
+    for path in &args.then {
+        snapshots.push(load(std::slice::from_ref(path))?);
+    }
+
+    let node = snapshots[0].nodes.iter().find(|n| n.metadata.name.as_deref() == Some(hostname.as_str()));
+    let node_info = node.map(NodeInfo::from_node).unwrap_or_default();
+    if node.is_none() {
+        tracing::warn!(hostname = %hostname, "no Node object for this hostname in the manifests; node IP defaults apply");
+    }
+    let node_ips = NodeIps::detect(&node_info.host_ips, settings.bind_address);
+    let node_ip = node_ips.get(family);
+    let interface_addrs: Vec<IpAddr> =
+        if args.interface_addresses.is_empty() { node_info.addresses.clone() } else { args.interface_addresses.clone() };
+
+    let node_port_cidrs = settings.node_port_cidrs(&node_ips);
+    let node_port_addresses = NodePortAddresses::new(family, &node_port_cidrs);
+    let localhost_nodeports = settings.localhost_nodeports && node_port_addresses.contains_ipv4_loopback();
+    let local_detector = settings.local_detector(family, &node_info.pod_cidrs);
+
+    let cfg = ProxierConfig {
+        render: RenderConfig {
+            family,
+            masquerade_all: settings.masquerade_all,
+            masquerade_mark: masquerade_mark(settings.masquerade_bit),
+            localhost_nodeports,
+            local_detector,
+            node_ip: Some(node_ip),
+            node_port_addresses,
+            random_fully,
+            conntrack_tcp_liberal: false,
+        },
+        hostname: hostname.clone(),
+        sync_period: settings.sync_period,
+    };
+    let fake = Arc::new(FakeIptables::new(family));
+    fake.set_has_random_fully(random_fully);
+    let mut proxier = Proxier::new(cfg, fake, Arc::new(StaticInterfaces(interface_addrs)));
+
+    // Snapshots are taken to arrive a sync period apart, so large-cluster mode also cleans
+    // up stale chains on every sync, as the daemon would eventually.
+    let step = settings.sync_period + Duration::from_millis(1);
+    let start = Instant::now();
+    let empty = Snapshot::default();
+    let mut previous = &empty;
+    for (i, snapshot) in snapshots.iter().enumerate() {
+        apply_snapshot(&mut proxier, previous, snapshot, &hostname);
+        if i == 0 {
+            proxier.on_services_synced();
+            proxier.on_endpoint_slices_synced();
+        }
+        let now = start + step * u32::try_from(i).unwrap_or(u32::MAX);
+        match proxier.sync(now) {
+            SyncOutcome::NotInitialized => {
+                return Err(RenderCmdError::Sync { sync: i + 1, reason: "proxier not initialized".into() });
+            }
+            SyncOutcome::Synced(report) => {
+                if let Err(e) = &report.result {
+                    return Err(RenderCmdError::Sync { sync: i + 1, reason: e.to_string() });
+                }
+                writeln!(out, "# sync {}: {}", i + 1, if report.full { "full" } else { "partial" })?;
+                out.write_all(report.payload.as_bytes())?;
+            }
+        }
+        previous = snapshot;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn load(paths: &[PathBuf]) -> Result<Snapshot, RenderCmdError> {
+    let (snapshot, warnings) = manifest::load_manifests(paths)?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(snapshot)
+}
+
+fn key(ns: Option<&String>, name: Option<&String>) -> (String, String) {
+    (ns.cloned().unwrap_or_default(), name.cloned().unwrap_or_default())
+}
+
+/// Feeds the differences between two snapshots to the proxier, as watch events would.
+fn apply_snapshot(proxier: &mut Proxier, old: &Snapshot, new: &Snapshot, hostname: &str) {
+    let old_svcs: HashMap<(String, String), &Service> =
+        old.services.iter().map(|s| (key(s.metadata.namespace.as_ref(), s.metadata.name.as_ref()), s)).collect();
+    let new_keys: HashSet<(String, String)> =
+        new.services.iter().map(|s| key(s.metadata.namespace.as_ref(), s.metadata.name.as_ref())).collect();
+    for (k, svc) in &old_svcs {
+        if !new_keys.contains(k) {
+            proxier.on_service_update(Some(svc), None);
+        }
+    }
+    for svc in &new.services {
+        let k = key(svc.metadata.namespace.as_ref(), svc.metadata.name.as_ref());
+        proxier.on_service_update(old_svcs.get(&k).copied(), Some(svc));
+    }
+
+    let new_slices: HashSet<(String, String)> =
+        new.endpoint_slices.iter().map(|s| key(s.metadata.namespace.as_ref(), s.metadata.name.as_ref())).collect();
+    for slice in &old.endpoint_slices {
+        if !new_slices.contains(&key(slice.metadata.namespace.as_ref(), slice.metadata.name.as_ref())) {
+            proxier.on_endpoint_slice_update(slice, true);
+        }
+    }
+    for slice in &new.endpoint_slices {
+        proxier.on_endpoint_slice_update(slice, false);
+    }
+
+    let node: Option<&Node> = new.nodes.iter().find(|n| n.metadata.name.as_deref() == Some(hostname));
+    proxier.on_node_update(node);
+}
+
+/// Convenience for tests: render to a string.
+pub fn render_to_string(args: &RenderArgs) -> Result<String, RenderCmdError> {
+    let mut buf = Vec::new();
+    run(args, &mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
