@@ -1,1 +1,4 @@
-mod x {}
+//! The one integration-test binary (fewer link steps): one module per area.
+
+mod support;
+mod upstream_rules;

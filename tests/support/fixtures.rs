@@ -48,6 +48,13 @@ impl SvcBuilder {
         self
     }
 
+    /// Sets only `spec.clusterIP`, as upstream's test helpers do (no clusterIPs, no families,
+    /// no type).
+    pub fn bare_cluster_ip(mut self, ip: &str) -> Self {
+        self.spec().cluster_ip = Some(ip.into());
+        self
+    }
+
     /// Dual-stack cluster IPs, primary first.
     pub fn cluster_ips(mut self, ips: &[&str]) -> Self {
         let s = self.spec();
@@ -179,6 +186,11 @@ pub struct Ep {
     pub hints: Option<Vec<String>>,
 }
 
+/// An endpoint with no conditions at all (ready, as upstream reads a nil `ready`).
+pub fn bare_ep(ip: &str) -> Ep {
+    Ep { ip: ip.into(), node: None, zone: None, ready: None, serving: None, terminating: None, hints: None }
+}
+
 /// A ready endpoint.
 pub fn ep(ip: &str) -> Ep {
     Ep { ip: ip.into(), node: None, zone: None, ready: Some(true), serving: Some(true), terminating: Some(false), hints: None }
@@ -239,7 +251,8 @@ impl SliceBuilder {
     pub fn endpoint(mut self, e: Ep) -> Self {
         self.0.endpoints.push(Endpoint {
             addresses: vec![e.ip],
-            conditions: Some(EndpointConditions { ready: e.ready, serving: e.serving, terminating: e.terminating }),
+            conditions: (e.ready.is_some() || e.serving.is_some() || e.terminating.is_some())
+                .then_some(EndpointConditions { ready: e.ready, serving: e.serving, terminating: e.terminating }),
             node_name: e.node,
             zone: e.zone,
             hints: e.hints.map(|zones| EndpointHints {

@@ -1,0 +1,121 @@
+//! A proxier wired to the fake iptables, set up like upstream's `NewFakeProxier` so upstream's
+//! expected rules can be compared directly.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::iptables::fake::FakeIptables;
+use kube_proxy_rs::model::{Cidr, IpFamily};
+use kube_proxy_rs::proxier::local_detect::LocalDetector;
+use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
+use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome, SyncReport};
+
+pub const TEST_NODE_NAME: &str = "test-node";
+pub const TEST_NODE_IP: &str = "192.168.0.2";
+pub const TEST_NODE_IP_ALT: &str = "192.168.1.2";
+pub const TEST_EXTERNAL_IP: &str = "192.168.99.11";
+pub const TEST_NODE_IPV6: &str = "2001:db8::1";
+pub const TEST_NODE_IPV6_ALT: &str = "2001:db8:1::2";
+
+/// Upstream's fake proxier setup: pod CIDR 10.0.0.0/8 (fd00:10::/64), mark `0x4000`, node IP
+/// 192.168.0.2, localhost NodePorts on, nodePortAddresses matching everything, no
+/// `--random-fully`.
+pub fn upstream_render_config(family: IpFamily) -> RenderConfig {
+    let (pod_cidr, node_ip) = match family {
+        IpFamily::V4 => ("10.0.0.0/8", TEST_NODE_IP),
+        IpFamily::V6 => ("fd00:10::/64", TEST_NODE_IPV6),
+    };
+    RenderConfig {
+        family,
+        masquerade_all: false,
+        masquerade_mark: "0x4000".into(),
+        localhost_nodeports: true,
+        local_detector: LocalDetector::Cidr(Cidr::parse_sloppy(pod_cidr).expect("cidr")),
+        node_ip: Some(node_ip.parse().expect("ip")),
+        node_port_addresses: NodePortAddresses::new(family, &[]),
+        random_fully: false,
+        conntrack_tcp_liberal: false,
+    }
+}
+
+/// The interface addresses upstream's fake network reports.
+pub fn upstream_interfaces() -> Vec<std::net::IpAddr> {
+    ["127.0.0.1", "::1", TEST_NODE_IP, TEST_NODE_IP_ALT, TEST_EXTERNAL_IP, TEST_NODE_IPV6, TEST_NODE_IPV6_ALT]
+        .iter()
+        .map(|a| a.parse().expect("ip"))
+        .collect()
+}
+
+pub struct TestProxier {
+    pub proxier: Proxier,
+    pub ipt: Arc<FakeIptables>,
+    now: Instant,
+}
+
+impl TestProxier {
+    pub fn new(family: IpFamily) -> Self {
+        Self::with_config(upstream_render_config(family))
+    }
+
+    pub fn with_config(render: RenderConfig) -> Self {
+        let family = render.family;
+        let ipt = Arc::new(FakeIptables::new(family));
+        ipt.set_has_random_fully(render.random_fully);
+        let cfg = ProxierConfig { render, hostname: TEST_NODE_NAME.into(), sync_period: Duration::from_secs(30) };
+        let mut proxier = Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces())));
+        proxier.on_services_synced();
+        proxier.on_endpoint_slices_synced();
+        TestProxier { proxier, ipt, now: Instant::now() }
+    }
+
+    pub fn add_services(&mut self, services: &[Service]) {
+        for s in services {
+            self.proxier.on_service_update(None, Some(s));
+        }
+    }
+
+    pub fn update_service(&mut self, old: &Service, new: &Service) {
+        self.proxier.on_service_update(Some(old), Some(new));
+    }
+
+    pub fn delete_service(&mut self, old: &Service) {
+        self.proxier.on_service_update(Some(old), None);
+    }
+
+    pub fn add_slices(&mut self, slices: &[EndpointSlice]) {
+        for s in slices {
+            self.proxier.on_endpoint_slice_update(s, false);
+        }
+    }
+
+    pub fn delete_slice(&mut self, s: &EndpointSlice) {
+        self.proxier.on_endpoint_slice_update(s, true);
+    }
+
+    pub fn set_node(&mut self, node: &Node) {
+        self.proxier.on_node_update(Some(node));
+    }
+
+    /// Runs one sync, which must succeed, a sync period after the previous one.
+    #[track_caller]
+    pub fn sync(&mut self) -> SyncReport {
+        self.now += Duration::from_secs(31);
+        match self.proxier.sync(self.now) {
+            SyncOutcome::Synced(report) => {
+                if let Err(e) = &report.result {
+                    panic!("sync failed: {e}\npayload:\n{}", report.payload);
+                }
+                *report
+            }
+            SyncOutcome::NotInitialized => panic!("proxier not initialized"),
+        }
+    }
+
+    /// Syncs and returns the restore payload.
+    #[track_caller]
+    pub fn sync_payload(&mut self) -> String {
+        self.sync().payload
+    }
+}
