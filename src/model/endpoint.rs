@@ -1,15 +1,25 @@
 //! `EndpointInfo`: one endpoint (address and port) of one service port, with the conditions
 //! and topology the proxier uses to choose endpoints.
+//!
+//! Built by the tracker's EndpointSlice cache; this module only knows how to name an
+//! endpoint (its `ip:port` string and KUBE-SEP chain), never how to read API objects.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use super::ip::join_host_port;
+use super::names::ServicePortName;
+use crate::proxier::chains::endpoint_chain_name;
+
 /// One endpoint of a service port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointInfo {
-    /// `ip:port` (`[ip]:port` for IPv6): the DNAT target and the hash input of the chain name.
+    /// `ip:port` (`[ip]:port` for IPv6) with the address as written in the EndpointSlice:
+    /// the DNAT target and the hash input of the chain name.
     pub endpoint: String,
-    /// The IP alone, as written after `-s` in the hairpin rule.
+    /// The IP alone in canonical form (upstream `IP()`), as written after `-s` in the
+    /// hairpin rule. Differs from the address in `endpoint` only when the slice spells the
+    /// address non-canonically.
     pub ip: String,
     pub port: i32,
     /// The endpoint's nodeName equals this node's name.
@@ -21,6 +31,39 @@ pub struct EndpointInfo {
     pub zone_hints: BTreeSet<String>,
     /// KUBE-SEP- chain for this endpoint of this service port.
     pub chain_name: String,
+}
+
+impl EndpointInfo {
+    /// An endpoint of `service_port` at `ip` and `port`, with `endpoint` and `chain_name`
+    /// derived from them (`ip` is taken as the text to write; the caller canonicalises
+    /// `self.ip` if it may not be canonical). Conditions start as a plain ready remote
+    /// endpoint (ready, serving, not terminating, not local, no hints); set the public
+    /// fields to change that, but not `endpoint`/`port` (the chain name would be stale).
+    pub fn new(service_port: &ServicePortName, ip: &str, port: i32) -> EndpointInfo {
+        let endpoint = join_host_port(ip, port);
+        let chain_name = endpoint_chain_name(
+            &service_port.to_string(),
+            service_port.protocol.lower(),
+            &endpoint,
+        );
+        EndpointInfo {
+            endpoint,
+            ip: ip.to_owned(),
+            port,
+            is_local: false,
+            ready: true,
+            serving: true,
+            terminating: false,
+            zone_hints: BTreeSet::new(),
+            chain_name,
+        }
+    }
+
+    /// Upstream's "serving and terminating" fallback condition: still able to take traffic
+    /// while shutting down.
+    pub fn is_serving_terminating(&self) -> bool {
+        self.serving && self.terminating
+    }
 }
 
 pub type EndpointRef = Arc<EndpointInfo>;

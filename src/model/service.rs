@@ -1,13 +1,34 @@
 //! `ServicePortInfo`: what the proxier needs to know about one port of one Service for one
 //! IP family, extracted once from the v1 Service and kept compact (no API objects retained).
+//!
+//! [`service_ports`] owns the translation from a `v1.Service` (upstream's `ShouldSkipService`,
+//! `newBaseServiceInfo` and the iptables proxier's `newServiceInfo`). Objects are read exactly
+//! as written, with no API defaulting: an absent `type` is the empty string, not `ClusterIP`.
+//! It never panics; input that upstream would turn into broken rules is rejected with an
+//! [`InvalidService`] naming the object and the field.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::ip::Cidr;
-use super::names::{Protocol, ServicePortName};
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+
+use super::ip::{self, Cidr};
+use super::names::{IpFamily, NamespacedName, Protocol, ServicePortName};
 use crate::proxier::chains::ServiceChainNames;
 
-/// One entry of `loadBalancerSourceRanges` (spec field or annotation), as written in rules.
+/// Annotation selecting topology-aware routing (`Auto`, `auto`, anything else but
+/// `disabled`/`Disabled` enables hints in kube-proxy).
+pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+/// The deprecated spelling of [`ANNOTATION_TOPOLOGY_MODE`]; it wins when both are present.
+pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+/// ClientIP affinity timeout used when `sessionAffinityConfig` is absent (the API default).
+pub const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: i32 = 10800;
+/// Largest ClientIP affinity timeout the API accepts.
+pub const MAX_CLIENT_IP_TIMEOUT_SECONDS: i32 = 86400;
+
+/// One entry of `spec.loadBalancerSourceRanges`, as written in rules. (kube-proxy does not
+/// read the `service.beta.kubernetes.io/load-balancer-source-ranges` annotation; only cloud
+/// providers do.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceRange {
     /// The text written after `-s` in the firewall chain.
@@ -18,8 +39,10 @@ pub struct SourceRange {
 
 /// One port of a Service, for the IP family being rendered.
 ///
-/// Addresses are kept in Go's canonical text form because that is how they are written into
-/// rules; they are validated when the port is built.
+/// Every address is validated when the port is built. The cluster IP is in Go's canonical
+/// text form (1.29 holds it as a `net.IP`); external IPs, load-balancer IPs and source
+/// ranges are kept exactly as written in the object, because 1.29 holds them as strings
+/// and writes them into rules verbatim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServicePortInfo {
     pub name: ServicePortName,
@@ -30,9 +53,9 @@ pub struct ServicePortInfo {
     pub protocol: Protocol,
     /// 0 when the port has no node port.
     pub node_port: i32,
-    /// External IPs of this family.
+    /// External IPs of this family, as written in `spec.externalIPs`.
     pub external_ips: Vec<String>,
-    /// Load-balancer ingress IPs of this family.
+    /// Load-balancer ingress IPs of this family, as written in the status.
     pub load_balancer_ips: Vec<String>,
     pub load_balancer_source_ranges: Vec<SourceRange>,
     /// `Some(seconds)` when session affinity is ClientIP.
@@ -41,8 +64,9 @@ pub struct ServicePortInfo {
     pub internal_policy_local: bool,
     /// 0 when none.
     pub health_check_node_port: i32,
-    /// Whether topology hints may be used (`service.kubernetes.io/topology-mode` or the
-    /// deprecated `topology-aware-hints` annotation says Auto).
+    /// Whether topology hints may be used: the deprecated `topology-aware-hints`
+    /// annotation if present, else `service.kubernetes.io/topology-mode`, holds anything but
+    /// empty, `disabled` or `Disabled` (so `Auto`, `auto`, and even `aUto`).
     pub hints_enabled: bool,
     pub chains: ServiceChainNames,
 }
@@ -68,3 +92,738 @@ impl ServicePortInfo {
 
 /// Shared, immutable service port entries: the maps hand out clones of the `Arc`.
 pub type ServicePortRef = Arc<ServicePortInfo>;
+
+/// Why a Service was not turned into service ports. Every variant names the Service; the
+/// caller logs it and treats the Service as absent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidService {
+    #[error(
+        "service {service}: cluster IP {ip:?} (spec.clusterIP/clusterIPs) is not a valid {family} address"
+    )]
+    ClusterIp {
+        service: NamespacedName,
+        family: IpFamily,
+        ip: String,
+    },
+    #[error(
+        "service {service}: spec.ports[{index}] ({port_name:?}) has port {port} outside 1-65535"
+    )]
+    Port {
+        service: NamespacedName,
+        index: usize,
+        port_name: String,
+        port: i32,
+    },
+    #[error(
+        "service {service}: spec.ports[{index}] ({port_name:?}) has nodePort {node_port} outside 0-65535"
+    )]
+    NodePort {
+        service: NamespacedName,
+        index: usize,
+        port_name: String,
+        node_port: i32,
+    },
+    #[error(
+        "service {service}: spec.ports[{index}] ({port_name:?}) has unknown protocol {protocol:?}"
+    )]
+    Protocol {
+        service: NamespacedName,
+        index: usize,
+        port_name: String,
+        protocol: String,
+    },
+    #[error(
+        "service {service}: spec.ports[{index}] duplicates port name {port_name:?} ({protocol})"
+    )]
+    DuplicatePort {
+        service: NamespacedName,
+        index: usize,
+        port_name: String,
+        protocol: Protocol,
+    },
+    #[error("service {service}: spec.healthCheckNodePort {port} is outside 0-65535")]
+    HealthCheckNodePort { service: NamespacedName, port: i32 },
+    #[error(
+        "service {service}: spec.sessionAffinityConfig.clientIP.timeoutSeconds {seconds} is outside 1-86400"
+    )]
+    AffinityTimeout {
+        service: NamespacedName,
+        seconds: i32,
+    },
+}
+
+/// The ports of `svc` that a proxier for `family` serves, in `spec.ports` order.
+///
+/// Empty (not an error) when upstream skips the Service: headless (`clusterIP` empty or
+/// `None`), `type: ExternalName`, or no cluster IP of this family. A port without a protocol
+/// is treated as TCP, the API default, which API servers always fill in.
+pub fn service_ports(
+    svc: &Service,
+    family: IpFamily,
+) -> Result<Vec<ServicePortInfo>, InvalidService> {
+    let Some(spec) = svc.spec.as_ref() else {
+        return Ok(Vec::new());
+    };
+    if should_skip(spec) {
+        return Ok(Vec::new());
+    }
+    let Some(cluster_ip_text) = cluster_ip_for_family(spec, family) else {
+        return Ok(Vec::new());
+    };
+    let service = NamespacedName::new(
+        svc.metadata.namespace.clone().unwrap_or_default(),
+        svc.metadata.name.clone().unwrap_or_default(),
+    );
+    let cluster_ip = match ip::parse_ip_sloppy(cluster_ip_text) {
+        Some(addr) if IpFamily::of(&addr) == family => ip::format_ip(&addr),
+        _ => {
+            return Err(InvalidService::ClusterIp {
+                service,
+                family,
+                ip: cluster_ip_text.to_owned(),
+            });
+        }
+    };
+
+    let shared = SharedFields::new(svc, spec, &service, family)?;
+    let mut seen = HashSet::new();
+    let mut ports = Vec::new();
+    for (index, port) in spec.ports.iter().flatten().enumerate() {
+        let port_name = port.name.clone().unwrap_or_default();
+        let protocol = match port.protocol.as_deref() {
+            None => Protocol::Tcp,
+            Some(p) => Protocol::from_api(p).ok_or_else(|| InvalidService::Protocol {
+                service: service.clone(),
+                index,
+                port_name: port_name.clone(),
+                protocol: p.to_owned(),
+            })?,
+        };
+        if !(1..=65535).contains(&port.port) {
+            return Err(InvalidService::Port {
+                service: service.clone(),
+                index,
+                port_name,
+                port: port.port,
+            });
+        }
+        let node_port = port.node_port.unwrap_or(0);
+        if !(0..=65535).contains(&node_port) {
+            return Err(InvalidService::NodePort {
+                service: service.clone(),
+                index,
+                port_name,
+                node_port,
+            });
+        }
+        if !seen.insert((port_name.clone(), protocol)) {
+            return Err(InvalidService::DuplicatePort {
+                service: service.clone(),
+                index,
+                port_name,
+                protocol,
+            });
+        }
+
+        let name = ServicePortName::new(service.clone(), port_name, protocol);
+        let name_string = name.to_string();
+        let chains = ServiceChainNames::new(&name_string, protocol.lower());
+        ports.push(ServicePortInfo {
+            name,
+            name_string,
+            cluster_ip: cluster_ip.clone(),
+            port: port.port,
+            protocol,
+            node_port,
+            external_ips: shared.external_ips.clone(),
+            load_balancer_ips: shared.load_balancer_ips.clone(),
+            load_balancer_source_ranges: shared.source_ranges.clone(),
+            sticky_seconds: shared.sticky_seconds,
+            external_policy_local: shared.external_policy_local,
+            internal_policy_local: shared.internal_policy_local,
+            health_check_node_port: shared.health_check_node_port,
+            hints_enabled: shared.hints_enabled,
+            chains,
+        });
+    }
+    Ok(ports)
+}
+
+/// Upstream `ShouldSkipService`: headless and ExternalName services are not proxied.
+fn should_skip(spec: &ServiceSpec) -> bool {
+    let cluster_ip = spec.cluster_ip.as_deref().unwrap_or("");
+    cluster_ip.is_empty() || cluster_ip == "None" || spec.type_.as_deref() == Some("ExternalName")
+}
+
+/// Upstream `GetClusterIPByFamily`: with `ipFamilies` set, the `clusterIPs` entry at the
+/// index of `family`; without (an old API server), `clusterIP` if it is of `family`, where
+/// anything that does not parse as IPv6 counts as IPv4.
+fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Option<&str> {
+    let families = spec.ip_families.as_deref().unwrap_or_default();
+    if families.is_empty() {
+        let cluster_ip = spec.cluster_ip.as_deref().unwrap_or("");
+        if cluster_ip.is_empty() || cluster_ip == "None" {
+            return None;
+        }
+        let is_v6 =
+            ip::parse_ip_sloppy(cluster_ip).is_some_and(|a| IpFamily::of(&a) == IpFamily::V6);
+        return ((family == IpFamily::V6) == is_v6).then_some(cluster_ip);
+    }
+    let cluster_ips = spec.cluster_ips.as_deref().unwrap_or_default();
+    families
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.as_str() == family.api_name())
+        .find_map(|(index, _)| cluster_ips.get(index).map(String::as_str))
+}
+
+/// The parts of a `ServicePortInfo` that are the same for every port of the Service.
+struct SharedFields {
+    external_ips: Vec<String>,
+    load_balancer_ips: Vec<String>,
+    source_ranges: Vec<SourceRange>,
+    sticky_seconds: Option<i32>,
+    external_policy_local: bool,
+    internal_policy_local: bool,
+    health_check_node_port: i32,
+    hints_enabled: bool,
+}
+
+impl SharedFields {
+    fn new(
+        svc: &Service,
+        spec: &ServiceSpec,
+        service: &NamespacedName,
+        family: IpFamily,
+    ) -> Result<SharedFields, InvalidService> {
+        let type_ = spec.type_.as_deref().unwrap_or("");
+        let has_external_ips = !spec.external_ips.as_deref().unwrap_or_default().is_empty();
+        // apiservice.ExternallyAccessible: note the literal comparison, an absent type is
+        // not ClusterIP here.
+        let externally_accessible = type_ == "LoadBalancer"
+            || type_ == "NodePort"
+            || (type_ == "ClusterIP" && has_external_ips);
+        let external_policy_local =
+            externally_accessible && spec.external_traffic_policy.as_deref() == Some("Local");
+        let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+
+        let sticky_seconds = if spec.session_affinity.as_deref() == Some("ClientIP") {
+            let seconds = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .unwrap_or(DEFAULT_CLIENT_IP_TIMEOUT_SECONDS);
+            if !(1..=MAX_CLIENT_IP_TIMEOUT_SECONDS).contains(&seconds) {
+                return Err(InvalidService::AffinityTimeout {
+                    service: service.clone(),
+                    seconds,
+                });
+            }
+            Some(seconds)
+        } else {
+            None
+        };
+
+        // apiservice.NeedsHealthCheck: LoadBalancer with external policy Local. Upstream
+        // logs and ignores a zero port.
+        let mut health_check_node_port = 0;
+        if type_ == "LoadBalancer" && external_policy_local {
+            let port = spec.health_check_node_port.unwrap_or(0);
+            if !(0..=65535).contains(&port) {
+                return Err(InvalidService::HealthCheckNodePort {
+                    service: service.clone(),
+                    port,
+                });
+            }
+            if port == 0 {
+                tracing::warn!(%service, "service has no healthCheckNodePort");
+            }
+            health_check_node_port = port;
+        }
+
+        let external_ips = addresses_of_family(
+            service,
+            "spec.externalIPs",
+            spec.external_ips.iter().flatten().map(String::as_str),
+            family,
+        );
+        // LoadBalancerIPMode is alpha (off) in 1.29, so every ingress IP counts as a VIP.
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        let load_balancer_ips = addresses_of_family(
+            service,
+            "status.loadBalancer.ingress",
+            ingress
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.as_deref())
+                .filter(|s| !s.is_empty()),
+            family,
+        );
+        let source_ranges = source_ranges_of_family(
+            service,
+            spec.load_balancer_source_ranges
+                .iter()
+                .flatten()
+                .map(|s| s.trim()),
+            family,
+        );
+
+        Ok(SharedFields {
+            external_ips,
+            load_balancer_ips,
+            source_ranges,
+            sticky_seconds,
+            external_policy_local,
+            internal_policy_local,
+            health_check_node_port,
+            hints_enabled: hints_enabled(svc),
+        })
+    }
+}
+
+/// The addresses of `family` among `texts`, kept as written: 1.29 stores these as strings
+/// and writes them into rules verbatim. Unparseable entries are dropped (upstream
+/// `MapIPsByIPFamily` logs and skips them; blank ones silently).
+fn addresses_of_family<'a>(
+    service: &NamespacedName,
+    field: &'static str,
+    texts: impl Iterator<Item = &'a str>,
+    family: IpFamily,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for text in texts {
+        match ip::parse_ip_sloppy(text) {
+            Some(addr) if IpFamily::of(&addr) == family => out.push(text.to_owned()),
+            Some(_) => {}
+            None => {
+                if !text.trim().is_empty() {
+                    tracing::warn!(%service, field, ip = text, "skipping invalid IP");
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The source ranges of `family` among the (already trimmed) `texts`, kept as written
+/// (1.29 writes the text after `-s`), with the parsed network alongside. Unparseable
+/// entries are dropped with a warning, like upstream `MapCIDRsByIPFamily`. As in Go, the
+/// family is that of the network address, so an IPv4-mapped IPv6 range counts as IPv4.
+fn source_ranges_of_family<'a>(
+    service: &NamespacedName,
+    texts: impl Iterator<Item = &'a str>,
+    family: IpFamily,
+) -> Vec<SourceRange> {
+    let mut out = Vec::new();
+    for text in texts {
+        match Cidr::parse_sloppy(text) {
+            Some(cidr) if IpFamily::of(&cidr.network()) == family => out.push(SourceRange {
+                text: text.to_owned(),
+                cidr: Some(cidr),
+            }),
+            Some(_) => {}
+            None => {
+                tracing::warn!(%service, cidr = text, "skipping invalid loadBalancerSourceRanges entry")
+            }
+        }
+    }
+    out
+}
+
+/// Upstream `canUseTopology`'s annotation test: the deprecated annotation wins when present
+/// (even if empty), and any value other than empty, `disabled` or `Disabled` enables hints.
+fn hints_enabled(svc: &Service) -> bool {
+    let annotations = svc.metadata.annotations.as_ref();
+    let value = annotations
+        .and_then(|a| a.get(ANNOTATION_TOPOLOGY_AWARE_HINTS))
+        .or_else(|| annotations.and_then(|a| a.get(ANNOTATION_TOPOLOGY_MODE)))
+        .map(String::as_str)
+        .unwrap_or("");
+    !matches!(value, "" | "disabled" | "Disabled")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracker::testing::service;
+
+    fn ports(svc: &Service, family: IpFamily) -> Vec<ServicePortInfo> {
+        service_ports(svc, family).expect("valid service")
+    }
+
+    fn ranges(info: &ServicePortInfo) -> Vec<&str> {
+        info.load_balancer_source_ranges
+            .iter()
+            .map(|r| r.text.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn cluster_ip_service() {
+        let svc = service("ns1", "svc1")
+            .type_("ClusterIP")
+            .cluster_ip("172.30.0.41")
+            .port("p80", "TCP", 80)
+            .port("p53", "UDP", 53)
+            .build();
+        let got = ports(&svc, IpFamily::V4);
+        assert_eq!(got.len(), 2);
+        let p80 = &got[0];
+        assert_eq!(
+            p80.name,
+            ServicePortName::new(NamespacedName::new("ns1", "svc1"), "p80", Protocol::Tcp)
+        );
+        assert_eq!(p80.name_string, "ns1/svc1:p80");
+        assert_eq!(p80.cluster_ip, "172.30.0.41");
+        assert_eq!(p80.port, 80);
+        assert_eq!(p80.node_port, 0);
+        assert_eq!(p80.chains.cluster_policy, "KUBE-SVC-XPGD46QRK7WJZT7O");
+        assert!(!p80.externally_accessible());
+        assert!(p80.uses_cluster_endpoints() && !p80.uses_local_endpoints());
+        assert_eq!(got[1].protocol, Protocol::Udp);
+        assert_eq!(got[1].chains, ServiceChainNames::new("ns1/svc1:p53", "udp"));
+    }
+
+    #[test]
+    fn skipped_services_have_no_ports() {
+        let headless = service("ns", "headless")
+            .type_("ClusterIP")
+            .cluster_ip("None")
+            .port("rpc", "UDP", 1234);
+        let no_ip = service("ns", "no-ip").port("rpc", "UDP", 1234);
+        // ExternalName is skipped even with a cluster IP.
+        let external_name = service("ns", "ext")
+            .type_("ExternalName")
+            .cluster_ip("172.30.55.4")
+            .port("blah", "UDP", 1235);
+        for svc in [headless, no_ip, external_name] {
+            let svc = svc.build();
+            assert!(
+                ports(&svc, IpFamily::V4).is_empty(),
+                "{:?}",
+                svc.metadata.name
+            );
+        }
+        let mut no_spec = service("ns", "nospec").build();
+        no_spec.spec = None;
+        assert!(ports(&no_spec, IpFamily::V4).is_empty());
+    }
+
+    #[test]
+    fn legacy_single_stack_cluster_ip_is_filtered_by_family() {
+        let v6 = service("ns", "v6")
+            .cluster_ip("2001:db8::1")
+            .port("p", "TCP", 80)
+            .build();
+        assert!(ports(&v6, IpFamily::V4).is_empty());
+        assert_eq!(ports(&v6, IpFamily::V6)[0].cluster_ip, "2001:db8::1");
+        let v4 = service("ns", "v4")
+            .cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80)
+            .build();
+        assert!(ports(&v4, IpFamily::V6).is_empty());
+    }
+
+    #[test]
+    fn dual_stack_uses_cluster_ip_of_family() {
+        let svc = service("ns", "dual")
+            .cluster_ips(&[("FD00::0001", "IPv6"), ("010.000.000.001", "IPv4")])
+            .port("p", "TCP", 80)
+            .build();
+        assert_eq!(ports(&svc, IpFamily::V4)[0].cluster_ip, "10.0.0.1");
+        assert_eq!(ports(&svc, IpFamily::V6)[0].cluster_ip, "fd00::1");
+        let single = service("ns", "single")
+            .cluster_ips(&[("10.0.0.1", "IPv4")])
+            .port("p", "TCP", 80)
+            .build();
+        assert!(ports(&single, IpFamily::V6).is_empty());
+    }
+
+    // Upstream: "service with both ipv4 and ipv6 configurations under ipv4/ipv6 mode,
+    // fields of the other family should be filtered".
+    #[test]
+    fn addresses_and_ranges_filtered_by_family() {
+        let svc = service("test", "validIPv4")
+            .type_("LoadBalancer")
+            .cluster_ips(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
+            .node_port("testPort", "TCP", 12345, 30000)
+            .external_ips(&["10.1.2.3", "2001:db8::1:1", "not-an-ip", ""])
+            .source_ranges(&["10.1.2.0/28", " 2001:db8::/64 ", "bogus"])
+            .ingress_ips(&["10.1.2.4", "2001:db8::1:2", ""])
+            .build();
+        let v4 = &ports(&svc, IpFamily::V4)[0];
+        assert_eq!(v4.external_ips, ["10.1.2.3"]);
+        assert_eq!(v4.load_balancer_ips, ["10.1.2.4"]);
+        assert_eq!(ranges(v4), ["10.1.2.0/28"]);
+        assert!(v4.externally_accessible());
+        let v6 = &ports(&svc, IpFamily::V6)[0];
+        assert_eq!(v6.cluster_ip, "fd00::1");
+        assert_eq!(v6.external_ips, ["2001:db8::1:1"]);
+        assert_eq!(v6.load_balancer_ips, ["2001:db8::1:2"]);
+        assert_eq!(ranges(v6), ["2001:db8::/64"]);
+    }
+
+    #[test]
+    fn addresses_are_kept_as_written_except_the_cluster_ip() {
+        let svc = service("ns", "lb")
+            .type_("LoadBalancer")
+            .cluster_ips(&[("2001:DB8::10", "IPv6")])
+            .port("p", "TCP", 80)
+            .external_ips(&["2001:0db8:0:0::1"])
+            .ingress_ips(&["2001:db8:0::2"])
+            .source_ranges(&["2001:db8::1/64"])
+            .build();
+        let p = &ports(&svc, IpFamily::V6)[0];
+        // ClusterIP is a net.IP in 1.29 (printed canonically); the rest are strings.
+        assert_eq!(p.cluster_ip, "2001:db8::10");
+        assert_eq!(p.external_ips, ["2001:0db8:0:0::1"]);
+        assert_eq!(p.load_balancer_ips, ["2001:db8:0::2"]);
+        assert_eq!(ranges(p), ["2001:db8::1/64"]);
+        // The parsed network (host bits masked) decides whether the node is allowed.
+        let cidr = p.load_balancer_source_ranges[0].cidr.expect("parsed");
+        assert_eq!(cidr.to_string(), "2001:db8::/64");
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_count_as_ipv4() {
+        let svc = service("ns", "s")
+            .type_("ClusterIP")
+            .cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80)
+            .external_ips(&["::ffff:1.2.3.4", "010.001.002.003"])
+            .build();
+        assert_eq!(
+            ports(&svc, IpFamily::V4)[0].external_ips,
+            ["::ffff:1.2.3.4", "010.001.002.003"]
+        );
+    }
+
+    // Upstream: "service with extra space in LoadBalancerSourceRanges".
+    #[test]
+    fn source_ranges_are_trimmed() {
+        let svc = service("test", "extra-space")
+            .type_("LoadBalancer")
+            .cluster_ip("172.16.55.12")
+            .port("testPort", "TCP", 1234)
+            .source_ranges(&[" 10.1.2.0/28"])
+            .build();
+        assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.1.2.0/28"]);
+    }
+
+    #[test]
+    fn external_policy_local_needs_external_access() {
+        let base = |t: Option<&str>| {
+            let b = service("ns", "s")
+                .cluster_ip("10.0.0.1")
+                .port("p", "TCP", 80)
+                .external_policy("Local");
+            match t {
+                Some(t) => b.type_(t),
+                None => b,
+            }
+        };
+        // An absent type is not ClusterIP: objects are read as written.
+        assert!(
+            !ports(&base(None).external_ips(&["1.2.3.4"]).build(), IpFamily::V4)[0]
+                .external_policy_local
+        );
+        assert!(!ports(&base(Some("ClusterIP")).build(), IpFamily::V4)[0].external_policy_local);
+        assert!(
+            ports(
+                &base(Some("ClusterIP")).external_ips(&["1.2.3.4"]).build(),
+                IpFamily::V4
+            )[0]
+            .external_policy_local
+        );
+        assert!(ports(&base(Some("NodePort")).build(), IpFamily::V4)[0].external_policy_local);
+        assert!(ports(&base(Some("LoadBalancer")).build(), IpFamily::V4)[0].external_policy_local);
+        let cluster = service("ns", "s")
+            .type_("NodePort")
+            .cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80)
+            .external_policy("Cluster");
+        assert!(!ports(&cluster.build(), IpFamily::V4)[0].external_policy_local);
+    }
+
+    #[test]
+    fn internal_policy_local() {
+        let svc = service("ns", "s")
+            .cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80)
+            .internal_policy("Local")
+            .build();
+        let p = &ports(&svc, IpFamily::V4)[0];
+        assert!(p.internal_policy_local);
+        assert!(!p.uses_cluster_endpoints() && p.uses_local_endpoints());
+    }
+
+    #[test]
+    fn health_check_node_port_only_for_local_load_balancers() {
+        let lb = |policy: &str, t: &str| {
+            service("ns", "s")
+                .type_(t)
+                .cluster_ip("10.0.0.1")
+                .node_port("p", "TCP", 80, 30080)
+                .external_policy(policy)
+                .health_check_node_port(30500)
+                .build()
+        };
+        assert_eq!(
+            ports(&lb("Local", "LoadBalancer"), IpFamily::V4)[0].health_check_node_port,
+            30500
+        );
+        assert_eq!(
+            ports(&lb("Cluster", "LoadBalancer"), IpFamily::V4)[0].health_check_node_port,
+            0
+        );
+        assert_eq!(
+            ports(&lb("Local", "NodePort"), IpFamily::V4)[0].health_check_node_port,
+            0
+        );
+        let missing = service("ns", "s")
+            .type_("LoadBalancer")
+            .cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80)
+            .external_policy("Local")
+            .build();
+        assert_eq!(ports(&missing, IpFamily::V4)[0].health_check_node_port, 0);
+    }
+
+    #[test]
+    fn session_affinity() {
+        let base = || {
+            service("ns", "s")
+                .cluster_ip("10.0.0.1")
+                .port("p", "TCP", 80)
+        };
+        assert_eq!(ports(&base().build(), IpFamily::V4)[0].sticky_seconds, None);
+        assert_eq!(
+            ports(&base().client_ip_affinity(Some(300)).build(), IpFamily::V4)[0].sticky_seconds,
+            Some(300)
+        );
+        assert_eq!(
+            ports(&base().client_ip_affinity(None).build(), IpFamily::V4)[0].sticky_seconds,
+            Some(10800)
+        );
+        let err =
+            service_ports(&base().client_ip_affinity(Some(0)).build(), IpFamily::V4).unwrap_err();
+        assert!(matches!(
+            err,
+            InvalidService::AffinityTimeout { seconds: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn topology_annotations() {
+        let with = |pairs: &[(&str, &str)]| {
+            let mut b = service("ns", "s")
+                .cluster_ip("10.0.0.1")
+                .port("p", "TCP", 80);
+            for (k, v) in pairs {
+                b = b.annotation(k, v);
+            }
+            ports(&b.build(), IpFamily::V4)[0].hints_enabled
+        };
+        assert!(!with(&[]));
+        assert!(with(&[(ANNOTATION_TOPOLOGY_MODE, "Auto")]));
+        assert!(with(&[(ANNOTATION_TOPOLOGY_MODE, "auto")]));
+        // Any value but empty/disabled counts, including odd capitalisation.
+        assert!(with(&[(ANNOTATION_TOPOLOGY_MODE, "aUto")]));
+        assert!(!with(&[(ANNOTATION_TOPOLOGY_MODE, "Disabled")]));
+        assert!(!with(&[(ANNOTATION_TOPOLOGY_MODE, "disabled")]));
+        assert!(with(&[(ANNOTATION_TOPOLOGY_AWARE_HINTS, "Auto")]));
+        // The deprecated annotation wins, even when empty.
+        assert!(!with(&[
+            (ANNOTATION_TOPOLOGY_AWARE_HINTS, ""),
+            (ANNOTATION_TOPOLOGY_MODE, "Auto")
+        ]));
+        assert!(!with(&[
+            (ANNOTATION_TOPOLOGY_AWARE_HINTS, "disabled"),
+            (ANNOTATION_TOPOLOGY_MODE, "Auto")
+        ]));
+        assert!(with(&[
+            (ANNOTATION_TOPOLOGY_AWARE_HINTS, "Auto"),
+            (ANNOTATION_TOPOLOGY_MODE, "disabled")
+        ]));
+    }
+
+    #[test]
+    fn absent_protocol_is_tcp() {
+        let svc = service("ns", "s")
+            .cluster_ip("10.0.0.1")
+            .port("p", "", 80)
+            .build();
+        let p = &ports(&svc, IpFamily::V4)[0];
+        assert_eq!(p.protocol, Protocol::Tcp);
+        assert_eq!(p.name.protocol, Protocol::Tcp);
+    }
+
+    #[test]
+    fn unnamed_port() {
+        let svc = service("ns1", "svc1")
+            .cluster_ip("10.0.0.1")
+            .port("", "TCP", 80)
+            .build();
+        assert_eq!(ports(&svc, IpFamily::V4)[0].name_string, "ns1/svc1");
+    }
+
+    #[test]
+    fn invalid_services_are_rejected_with_context() {
+        let base = || service("ns1", "bad").cluster_ip("10.0.0.1");
+        let cases = [
+            (base().port("p", "TCP", 0).build(), "spec.ports[0]"),
+            (base().port("p", "TCP", 65536).build(), "outside 1-65535"),
+            (
+                base().node_port("p", "TCP", 80, 70000).build(),
+                "nodePort 70000",
+            ),
+            (base().node_port("p", "TCP", 80, -1).build(), "nodePort -1"),
+            (
+                base().port("p", "ICMP", 80).build(),
+                "unknown protocol \"ICMP\"",
+            ),
+            (
+                base().port("p", "TCP", 80).port("p", "TCP", 81).build(),
+                "duplicates port name",
+            ),
+            (
+                service("ns1", "bad")
+                    .cluster_ip("10.0.0.300")
+                    .port("p", "TCP", 80)
+                    .build(),
+                "cluster IP \"10.0.0.300\"",
+            ),
+            (
+                service("ns1", "bad")
+                    .cluster_ips(&[("fd00::1", "IPv4")])
+                    .port("p", "TCP", 80)
+                    .build(),
+                "is not a valid IPv4 address",
+            ),
+        ];
+        for (svc, needle) in cases {
+            let err = service_ports(&svc, IpFamily::V4)
+                .expect_err(needle)
+                .to_string();
+            assert!(err.starts_with("service ns1/bad: "), "{err}");
+            assert!(err.contains(needle), "{err} does not mention {needle}");
+        }
+        let hc = base()
+            .type_("LoadBalancer")
+            .external_policy("Local")
+            .health_check_node_port(70000);
+        let err = service_ports(&hc.port("p", "TCP", 80).build(), IpFamily::V4).unwrap_err();
+        assert!(matches!(
+            err,
+            InvalidService::HealthCheckNodePort { port: 70000, .. }
+        ));
+        // The same name with another protocol is a different port.
+        let ok = base().port("dns", "TCP", 53).port("dns", "UDP", 53).build();
+        assert_eq!(ports(&ok, IpFamily::V4).len(), 2);
+    }
+}

@@ -1,0 +1,449 @@
+//! Service changes: [`ServiceChangeTracker`] records what each Service looked like before
+//! the last sync and what it looks like now; [`ServicePortMap::update`] applies those
+//! changes to the proxier's map (upstream `ServiceChangeTracker` / `ServicePortMap.Update`).
+//!
+//! Recording never touches the applied map, so event handlers can run while a sync renders.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+
+use crate::model::{
+    IpFamily, NamespacedName, Protocol, ServicePortName, ServicePortRef, service_ports,
+};
+
+/// Service port entries keyed by [`ServicePortName`]; a newtype over the `HashMap` so it can
+/// carry `update`, and derefs to it for ordinary map access.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServicePortMap(HashMap<ServicePortName, ServicePortRef>);
+
+/// HealthCheckNodePort of every Service that has one (upstream `HealthCheckNodePorts()`).
+pub type HealthCheckNodePorts = BTreeMap<NamespacedName, u16>;
+
+/// What [`ServicePortMap::update`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceUpdateResult {
+    /// Every Service added, updated or deleted since the previous update (the set a
+    /// partial sync must rewrite).
+    pub updated_services: HashSet<NamespacedName>,
+    /// Cluster IPs of UDP service ports that went away; conntrack entries for them may be
+    /// stale.
+    pub deleted_udp_cluster_ips: BTreeSet<String>,
+}
+
+impl ServicePortMap {
+    pub fn new() -> ServicePortMap {
+        ServicePortMap::default()
+    }
+
+    /// Applies and clears the changes recorded in `tracker` (upstream
+    /// `ServicePortMap.Update`).
+    pub fn update(&mut self, tracker: &mut ServiceChangeTracker) -> ServiceUpdateResult {
+        let mut result = ServiceUpdateResult::default();
+        for (service, change) in std::mem::take(&mut tracker.items) {
+            result.updated_services.insert(service);
+            let ServiceChange { previous, current } = change;
+            for (name, info) in current.0.iter() {
+                self.0.insert(name.clone(), Arc::clone(info));
+            }
+            // Ports still present are updates, not deletions.
+            for name in previous
+                .0
+                .keys()
+                .filter(|name| !current.0.contains_key(*name))
+            {
+                match self.0.remove(name) {
+                    Some(info) if info.protocol == Protocol::Udp => {
+                        result
+                            .deleted_udp_cluster_ips
+                            .insert(info.cluster_ip.clone());
+                    }
+                    Some(_) => {}
+                    None => {
+                        tracing::debug!(port = %name, "removed service port was not in the map")
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    /// The HealthCheckNodePort of every Service with a non-zero one.
+    pub fn health_check_node_ports(&self) -> HealthCheckNodePorts {
+        self.0
+            .iter()
+            .filter_map(|(name, info)| {
+                let port = u16::try_from(info.health_check_node_port)
+                    .ok()
+                    .filter(|p| *p != 0)?;
+                Some((name.service.clone(), port))
+            })
+            .collect()
+    }
+}
+
+impl Deref for ServicePortMap {
+    type Target = HashMap<ServicePortName, ServicePortRef>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl DerefMut for ServicePortMap {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl FromIterator<(ServicePortName, ServicePortRef)> for ServicePortMap {
+    fn from_iter<I: IntoIterator<Item = (ServicePortName, ServicePortRef)>>(iter: I) -> Self {
+        ServicePortMap(iter.into_iter().collect())
+    }
+}
+
+impl<'a> IntoIterator for &'a ServicePortMap {
+    type Item = (&'a ServicePortName, &'a ServicePortRef);
+    type IntoIter = std::collections::hash_map::Iter<'a, ServicePortName, ServicePortRef>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+/// The ports of one Service before the first unapplied change and after the last one.
+#[derive(Debug)]
+struct ServiceChange {
+    previous: ServicePortMap,
+    current: ServicePortMap,
+}
+
+/// Unapplied Service changes for one IP family, keyed by Service.
+#[derive(Debug)]
+pub struct ServiceChangeTracker {
+    family: IpFamily,
+    items: HashMap<NamespacedName, ServiceChange>,
+}
+
+impl ServiceChangeTracker {
+    pub fn new(family: IpFamily) -> ServiceChangeTracker {
+        ServiceChangeTracker {
+            family,
+            items: HashMap::new(),
+        }
+    }
+
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// Records an add (`None`, `Some`), update (`Some`, `Some`) or delete (`Some`, `None`).
+    /// Changes accumulate per Service; a Service whose ports end up as they were before the
+    /// first unapplied change is dropped. Returns whether any change is pending (for any
+    /// Service), like upstream.
+    ///
+    /// A Service that fails validation is logged and treated as having no ports, so an
+    /// update to an invalid spec removes its rules.
+    pub fn update(&mut self, previous: Option<&Service>, current: Option<&Service>) -> bool {
+        let Some(svc) = current.or(previous) else {
+            return false;
+        };
+        let service = NamespacedName::new(
+            svc.metadata.namespace.clone().unwrap_or_default(),
+            svc.metadata.name.clone().unwrap_or_default(),
+        );
+        let current_map = self.port_map(current);
+        if !self.items.contains_key(&service) {
+            let previous_map = self.port_map(previous);
+            self.items.insert(
+                service.clone(),
+                ServiceChange {
+                    previous: previous_map,
+                    current: ServicePortMap::new(),
+                },
+            );
+        }
+        let unchanged = match self.items.get_mut(&service) {
+            Some(change) => {
+                change.current = current_map;
+                change.previous == change.current
+            }
+            None => false,
+        };
+        if unchanged {
+            self.items.remove(&service);
+        }
+        !self.items.is_empty()
+    }
+
+    /// Services with unapplied changes (call before [`ServicePortMap::update`]).
+    pub fn pending_changes(&self) -> HashSet<NamespacedName> {
+        self.items.keys().cloned().collect()
+    }
+
+    /// Whether no change is pending.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn port_map(&self, svc: Option<&Service>) -> ServicePortMap {
+        let Some(svc) = svc else {
+            return ServicePortMap::new();
+        };
+        match service_ports(svc, self.family) {
+            Ok(ports) => ports
+                .into_iter()
+                .map(|info| (info.name.clone(), Arc::new(info)))
+                .collect(),
+            Err(err) => {
+                tracing::warn!(family = %self.family, "ignoring invalid service: {err}");
+                ServicePortMap::new()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracker::testing::service;
+
+    fn nn(ns: &str, name: &str) -> NamespacedName {
+        NamespacedName::new(ns, name)
+    }
+
+    fn apply(map: &mut ServicePortMap, tracker: &mut ServiceChangeTracker) -> ServiceUpdateResult {
+        map.update(tracker)
+    }
+
+    // Upstream TestBuildServiceMapAddRemove.
+    #[test]
+    fn add_and_remove_services() {
+        let services = [
+            service("somewhere-else", "cluster-ip")
+                .type_("ClusterIP")
+                .cluster_ip("172.30.55.4")
+                .port("something", "UDP", 1234)
+                .port("somethingelse", "UDP", 1235)
+                .port("sctpport", "SCTP", 1236)
+                .build(),
+            service("somewhere-else", "node-port")
+                .type_("NodePort")
+                .cluster_ip("172.30.55.10")
+                .node_port("blahblah", "UDP", 345, 678)
+                .node_port("moreblahblah", "TCP", 344, 677)
+                .node_port("muchmoreblah", "SCTP", 343, 676)
+                .build(),
+            service("somewhere", "load-balancer")
+                .type_("LoadBalancer")
+                .cluster_ip("172.30.55.11")
+                .node_port("foobar", "UDP", 8675, 30061)
+                .node_port("baz", "UDP", 8676, 30062)
+                .ingress_ips(&["1.2.3.4"])
+                .build(),
+            service("somewhere", "only-local-load-balancer")
+                .type_("LoadBalancer")
+                .cluster_ip("172.30.55.12")
+                .node_port("foobar2", "UDP", 8677, 30063)
+                .node_port("baz", "UDP", 8678, 30064)
+                .ingress_ips(&["5.6.7.8"])
+                .external_policy("Local")
+                .health_check_node_port(345)
+                .build(),
+        ];
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        for svc in &services {
+            assert!(tracker.update(None, Some(svc)));
+        }
+        assert_eq!(tracker.pending_changes().len(), 4);
+        let result = apply(&mut map, &mut tracker);
+        assert_eq!(map.len(), 10);
+        assert!(result.deleted_udp_cluster_ips.is_empty());
+        assert_eq!(result.updated_services.len(), 4);
+        assert!(tracker.is_empty());
+        assert_eq!(
+            map.health_check_node_ports(),
+            HealthCheckNodePorts::from([(nn("somewhere", "only-local-load-balancer"), 345)])
+        );
+
+        // services[0] loses its first port; the others are deleted.
+        let one_port = service("somewhere-else", "cluster-ip")
+            .type_("ClusterIP")
+            .cluster_ip("172.30.55.4")
+            .port("somethingelse", "UDP", 1235)
+            .build();
+        tracker.update(Some(&services[0]), Some(&one_port));
+        for svc in &services[1..] {
+            tracker.update(Some(svc), None);
+        }
+        let result = apply(&mut map, &mut tracker);
+        assert_eq!(map.len(), 1);
+        // The surviving service's IP is there too: one of its UDP ports went away.
+        let expected: BTreeSet<String> = [
+            "172.30.55.10",
+            "172.30.55.4",
+            "172.30.55.11",
+            "172.30.55.12",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(result.deleted_udp_cluster_ips, expected);
+        assert!(map.health_check_node_ports().is_empty());
+    }
+
+    // Upstream TestBuildServiceMapServiceHeadless / ServiceTypeExternalName.
+    #[test]
+    fn headless_and_external_name_services_are_ignored() {
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let headless = service("somewhere-else", "headless")
+            .type_("ClusterIP")
+            .cluster_ip("None")
+            .port("rpc", "UDP", 1234)
+            .build();
+        let headless_no_port = service("somewhere-else", "headless-without-port")
+            .type_("ClusterIP")
+            .cluster_ip("None")
+            .build();
+        let external_name = service("somewhere-else", "external-name")
+            .type_("ExternalName")
+            .cluster_ip("172.30.55.4")
+            .port("blah", "UDP", 1235)
+            .build();
+        for svc in [&headless, &headless_no_port, &external_name] {
+            assert!(!tracker.update(None, Some(svc)), "{:?}", svc.metadata.name);
+        }
+        let mut map = ServicePortMap::new();
+        let result = apply(&mut map, &mut tracker);
+        assert!(map.is_empty());
+        assert!(result.deleted_udp_cluster_ips.is_empty() && result.updated_services.is_empty());
+        assert!(map.health_check_node_ports().is_empty());
+    }
+
+    // Upstream TestBuildServiceMapServiceUpdate.
+    #[test]
+    fn update_service_type_back_and_forth() {
+        let v1 = service("somewhere", "some-service")
+            .type_("ClusterIP")
+            .cluster_ip("172.30.55.4")
+            .port("something", "UDP", 1234)
+            .port("somethingelse", "TCP", 1235)
+            .build();
+        let v2 = service("somewhere", "some-service")
+            .type_("LoadBalancer")
+            .cluster_ip("172.30.55.4")
+            .node_port("something", "UDP", 1234, 4321)
+            .node_port("somethingelse", "TCP", 1235, 5321)
+            .ingress_ips(&["1.2.3.4"])
+            .external_policy("Local")
+            .health_check_node_port(345)
+            .build();
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+
+        tracker.update(None, Some(&v1));
+        let result = apply(&mut map, &mut tracker);
+        assert_eq!(map.len(), 2);
+        assert!(result.deleted_udp_cluster_ips.is_empty());
+        assert!(map.health_check_node_ports().is_empty());
+
+        assert!(tracker.update(Some(&v1), Some(&v2)));
+        let result = apply(&mut map, &mut tracker);
+        assert_eq!(map.len(), 2);
+        assert!(result.deleted_udp_cluster_ips.is_empty());
+        assert_eq!(map.health_check_node_ports().len(), 1);
+
+        // No change: nothing recorded, the map stays.
+        assert!(!tracker.update(Some(&v2), Some(&v2)));
+        let result = apply(&mut map, &mut tracker);
+        assert_eq!(map.len(), 2);
+        assert!(result.updated_services.is_empty());
+        assert_eq!(map.health_check_node_ports().len(), 1);
+
+        tracker.update(Some(&v2), Some(&v1));
+        let result = apply(&mut map, &mut tracker);
+        assert_eq!(map.len(), 2);
+        assert!(result.deleted_udp_cluster_ips.is_empty());
+        assert!(map.health_check_node_ports().is_empty());
+    }
+
+    #[test]
+    fn changes_that_cancel_out_are_dropped() {
+        let a = service("ns", "s")
+            .cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80)
+            .build();
+        let b = service("ns", "s")
+            .cluster_ip("10.0.0.1")
+            .port("p", "TCP", 8080)
+            .build();
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        assert!(tracker.update(Some(&a), Some(&b)));
+        assert_eq!(tracker.pending_changes(), HashSet::from([nn("ns", "s")]));
+        // Back to what the map last saw: no change pending.
+        assert!(!tracker.update(Some(&b), Some(&a)));
+        assert!(tracker.pending_changes().is_empty());
+        // Added then deleted before a sync: nothing to do.
+        assert!(tracker.update(None, Some(&a)));
+        assert!(!tracker.update(Some(&a), None));
+        assert!(!tracker.update(None, None));
+    }
+
+    #[test]
+    fn other_family_and_invalid_services() {
+        let v6_only = service("ns", "v6")
+            .cluster_ips(&[("fd00::1", "IPv6")])
+            .port("p", "TCP", 80)
+            .build();
+        let mut v4 = ServiceChangeTracker::new(IpFamily::V4);
+        assert!(!v4.update(None, Some(&v6_only)));
+        let mut v6 = ServiceChangeTracker::new(IpFamily::V6);
+        assert!(v6.update(None, Some(&v6_only)));
+
+        // A valid service updated to an invalid one loses its ports.
+        let good = service("ns", "s")
+            .cluster_ip("10.0.0.1")
+            .port("p", "UDP", 53)
+            .build();
+        let bad = service("ns", "s")
+            .cluster_ip("10.0.0.1")
+            .port("p", "UDP", 0)
+            .build();
+        let mut map = ServicePortMap::new();
+        v4.update(None, Some(&good));
+        map.update(&mut v4);
+        assert_eq!(map.len(), 1);
+        assert!(v4.update(Some(&good), Some(&bad)));
+        let result = map.update(&mut v4);
+        assert!(map.is_empty());
+        assert_eq!(
+            result.deleted_udp_cluster_ips,
+            BTreeSet::from(["10.0.0.1".to_owned()])
+        );
+    }
+
+    #[test]
+    fn protocol_change_replaces_the_port() {
+        let udp = service("ns", "s")
+            .cluster_ip("10.0.0.1")
+            .port("dns", "UDP", 53)
+            .build();
+        let tcp = service("ns", "s")
+            .cluster_ip("10.0.0.1")
+            .port("dns", "TCP", 53)
+            .build();
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut map = ServicePortMap::new();
+        tracker.update(None, Some(&udp));
+        map.update(&mut tracker);
+        tracker.update(Some(&udp), Some(&tcp));
+        let result = map.update(&mut tracker);
+        assert_eq!(map.len(), 1);
+        assert_eq!(map.values().next().unwrap().protocol, Protocol::Tcp);
+        assert_eq!(
+            result.deleted_udp_cluster_ips,
+            BTreeSet::from(["10.0.0.1".to_owned()])
+        );
+        assert_eq!(result.updated_services, HashSet::from([nn("ns", "s")]));
+    }
+}
