@@ -50,8 +50,8 @@ fn build(shape: ClusterShape) -> Maps {
     }
     let mut services = ServicePortMap::default();
     let mut endpoints = EndpointsMap::default();
-    services.apply_changes(&mut svc_tracker);
-    endpoints.apply_changes(&mut ep_tracker);
+    services.update(&mut svc_tracker);
+    endpoints.update(&mut ep_tracker);
     Maps { services, endpoints, svc_tracker, ep_tracker }
 }
 
@@ -125,8 +125,8 @@ fn main() {
         let slice = synthetic::slice(4242, 10, round + 1);
         maps.ep_tracker.endpoint_slice_update(&slice, false);
         let t = Instant::now();
-        let svc_result = maps.services.apply_changes(&mut maps.svc_tracker);
-        let ep_result = maps.endpoints.apply_changes(&mut maps.ep_tracker);
+        let svc_result = maps.services.update(&mut maps.svc_tracker);
+        let ep_result = maps.endpoints.update(&mut maps.ep_tracker);
         let mut changed: HashSet<NamespacedName> = svc_result.updated_services.clone();
         changed.extend(ep_result.updated_services.iter().cloned());
         let input = RenderInput {

@@ -2,3 +2,4 @@
 
 mod support;
 mod upstream_rules;
+mod partial_sync;

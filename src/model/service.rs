@@ -23,12 +23,15 @@ pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode"
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// ClientIP affinity timeout used when `sessionAffinityConfig` is absent (the API default).
 pub const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: i32 = 10800;
+/// The legacy way to set source ranges (comma-separated CIDRs). Upstream kube-proxy 1.29
+/// reads only the spec field; cloud providers fall back to this annotation when the field
+/// is empty, and so do we, so that the node enforces what the load balancer enforces.
+pub const ANNOTATION_LOAD_BALANCER_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
 /// Largest ClientIP affinity timeout the API accepts.
 pub const MAX_CLIENT_IP_TIMEOUT_SECONDS: i32 = 86400;
 
-/// One entry of `spec.loadBalancerSourceRanges`, as written in rules. (kube-proxy does not
-/// read the `service.beta.kubernetes.io/load-balancer-source-ranges` annotation; only cloud
-/// providers do.)
+/// One entry of `spec.loadBalancerSourceRanges` (or, when that is empty, of the
+/// [`ANNOTATION_LOAD_BALANCER_SOURCE_RANGES`] annotation), as written in rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceRange {
     /// The text written after `-s` in the firewall chain.
@@ -364,14 +367,23 @@ impl SharedFields {
                 .filter(|s| !s.is_empty()),
             family,
         );
-        let source_ranges = source_ranges_of_family(
-            service,
-            spec.load_balancer_source_ranges
-                .iter()
-                .flatten()
-                .map(|s| s.trim()),
-            family,
-        );
+        let spec_ranges = spec.load_balancer_source_ranges.as_deref().unwrap_or_default();
+        let source_ranges = if spec_ranges.is_empty() {
+            let annotation = svc
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES))
+                .map(String::as_str)
+                .unwrap_or("");
+            source_ranges_of_family(
+                service,
+                annotation.split(',').map(str::trim).filter(|s| !s.is_empty()),
+                family,
+            )
+        } else {
+            source_ranges_of_family(service, spec_ranges.iter().map(|s| s.trim()), family)
+        };
 
         Ok(SharedFields {
             external_ips,
@@ -613,6 +625,26 @@ mod tests {
             .source_ranges(&[" 10.1.2.0/28"])
             .build();
         assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.1.2.0/28"]);
+    }
+
+    #[test]
+    fn source_ranges_fall_back_to_the_annotation() {
+        let svc = service("test", "annotated")
+            .type_("LoadBalancer")
+            .cluster_ip("172.16.55.12")
+            .port("testPort", "TCP", 1234)
+            .annotation(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES, " 10.1.2.0/28, 192.168.0.0/16,,2001:db8::/64")
+            .build();
+        assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.1.2.0/28", "192.168.0.0/16"]);
+        // The spec field wins when set.
+        let svc = service("test", "both")
+            .type_("LoadBalancer")
+            .cluster_ip("172.16.55.12")
+            .port("testPort", "TCP", 1234)
+            .source_ranges(&["10.9.0.0/16"])
+            .annotation(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES, "10.1.2.0/28")
+            .build();
+        assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.9.0.0/16"]);
     }
 
     #[test]

@@ -329,8 +329,8 @@ impl Proxier {
             return SyncOutcome::NotInitialized;
         }
         let try_partial = !self.needs_full_sync;
-        let service_update = self.services.apply_changes(&mut self.service_changes);
-        let endpoints_update = self.endpoints.apply_changes(&mut self.endpoint_changes);
+        let service_update = self.services.update(&mut self.service_changes);
+        let endpoints_update = self.endpoints.update(&mut self.endpoint_changes);
 
         let mut report = SyncReport {
             full: !try_partial,

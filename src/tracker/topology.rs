@@ -15,15 +15,15 @@ pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// The endpoint sets of one service port, each in the order of the input (the endpoints map
 /// keeps them sorted by endpoint string).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Categorized {
+pub struct Categorized<'a> {
     /// Endpoints for "Cluster" traffic policy; empty when the port never uses it.
-    pub cluster: Vec<EndpointRef>,
+    pub cluster: Vec<&'a EndpointRef>,
     /// Endpoints for "Local" traffic policy; empty when the port never uses it.
-    pub local: Vec<EndpointRef>,
+    pub local: Vec<&'a EndpointRef>,
     /// Every endpoint this node may send traffic to under the port's policies: the union
     /// of `cluster` and `local`, one entry per endpoint string. These are the endpoint
     /// chains to write.
-    pub all_reachable: Vec<EndpointRef>,
+    pub all_reachable: Vec<&'a EndpointRef>,
     /// Whether the service has any usable endpoint anywhere in the cluster (decides between
     /// REJECT and DROP-for-no-local-endpoints).
     pub has_any_endpoints: bool,
@@ -38,11 +38,11 @@ pub struct Categorized {
 ///
 /// Upstream builds `all_reachable` through a Go map when the two sets can differ, so its
 /// order is random there; here it always follows the input order.
-pub fn categorize_endpoints(
-    endpoints: &[EndpointRef],
+pub fn categorize_endpoints<'a>(
+    endpoints: &'a [EndpointRef],
     svc: &ServicePortInfo,
     node_labels: &BTreeMap<String, String>,
-) -> Categorized {
+) -> Categorized<'a> {
     let mut out = Categorized::default();
     let mut use_topology = false;
 
@@ -110,7 +110,6 @@ pub fn categorize_endpoints(
     out.all_reachable = endpoints
         .iter()
         .filter(|ep| chosen.contains(ep.endpoint.as_str()) && seen.insert(ep.endpoint.as_str()))
-        .cloned()
         .collect();
     out
 }
@@ -151,8 +150,8 @@ fn can_use_topology(
     has_endpoint_for_zone
 }
 
-fn filter(endpoints: &[EndpointRef], keep: impl Fn(&EndpointInfo) -> bool) -> Vec<EndpointRef> {
-    endpoints.iter().filter(|ep| keep(ep)).cloned().collect()
+fn filter<'a>(endpoints: &'a [EndpointRef], keep: impl Fn(&EndpointInfo) -> bool) -> Vec<&'a EndpointRef> {
+    endpoints.iter().filter(|ep| keep(ep)).collect()
 }
 
 #[cfg(test)]
@@ -244,7 +243,7 @@ mod tests {
         BTreeMap::from([(LABEL_TOPOLOGY_ZONE.to_owned(), z.to_owned())])
     }
 
-    fn names(eps: &[EndpointRef]) -> Vec<&str> {
+    fn names<'a>(eps: &[&'a EndpointRef]) -> Vec<&'a str> {
         eps.iter().map(|e| e.endpoint.as_str()).collect()
     }
 

@@ -1,0 +1,364 @@
+//! Partial syncs: after any series of partial syncs the kernel state must equal what one full
+//! sync of the same cluster state produces, and a partial sync writes only what changed.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::iptables::Table;
+use kube_proxy_rs::model::IpFamily;
+
+use crate::support::fixtures::{Ep, ep, node, slice, svc};
+use crate::support::harness::{TEST_NODE_NAME, TestProxier};
+
+/// xorshift64*: a tiny deterministic generator, so failures replay from the seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The randomised cluster: services by index, each with up to two slices.
+#[derive(Clone, Default)]
+struct Cluster {
+    services: BTreeMap<usize, Service>,
+    slices: BTreeMap<(usize, usize), EndpointSlice>,
+    zone: String,
+}
+
+fn random_service(rng: &mut Rng, i: usize, family: IpFamily) -> Service {
+    let ns = format!("ns{}", i % 3);
+    let name = format!("svc{i}");
+    let ip = match family {
+        IpFamily::V4 => format!("172.30.{}.{}", i / 200, i % 200 + 1),
+        IpFamily::V6 => format!("fd00:30::{:x}", i + 1),
+    };
+    let mut b = svc(&ns, &name).cluster_ip(&ip);
+    let kind = rng.below(4);
+    let np = 30000 + i as i32 * 2;
+    match kind {
+        0 => b = b.type_("ClusterIP").tcp("p80", 80),
+        1 => b = b.type_("NodePort").node_port("p80", 80, np),
+        _ => {
+            let lb = match family {
+                IpFamily::V4 => format!("203.0.113.{}", i + 1),
+                IpFamily::V6 => format!("fd00:99::{:x}", i + 1),
+            };
+            b = b.type_("LoadBalancer").node_port("p80", 80, np).lb_ingress(&[&lb]);
+            if rng.chance(50) {
+                let range = match family {
+                    IpFamily::V4 => "198.18.0.0/15",
+                    IpFamily::V6 => "fd00:77::/64",
+                };
+                b = b.source_ranges(&[range]);
+            }
+        }
+    }
+    if rng.chance(30) {
+        b = b.port("dns", "UDP", 53, 0);
+    }
+    if rng.chance(25) {
+        let ext = match family {
+            IpFamily::V4 => format!("198.19.0.{}", i + 1),
+            IpFamily::V6 => format!("fd00:88::{:x}", i + 1),
+        };
+        b = b.external_ips(&[&ext]);
+    }
+    if rng.chance(40) {
+        b = b.local_traffic();
+        if kind >= 2 {
+            b = b.health_check_node_port(32000 + i as i32);
+        }
+    }
+    if rng.chance(20) {
+        b = b.internal_local();
+    }
+    if rng.chance(25) {
+        b = b.affinity(Some(60 + rng.below(1000) as i32));
+    }
+    if rng.chance(20) {
+        b = b.annotation("service.kubernetes.io/topology-mode", "Auto");
+    }
+    b.build()
+}
+
+fn random_slice(rng: &mut Rng, i: usize, part: usize, family: IpFamily) -> EndpointSlice {
+    let ns = format!("ns{}", i % 3);
+    let name = format!("svc{i}");
+    let mut s = slice(&ns, &name, &format!("{name}-{part}")).tcp("p80", 8080).udp("dns", 5353);
+    if family == IpFamily::V6 {
+        s = s.ipv6();
+    }
+    for _ in 0..rng.below(4) {
+        // A small address pool, so endpoints collide across slices and move between them.
+        let host = rng.below(6) + 1;
+        let ip = match family {
+            IpFamily::V4 => format!("10.{}.0.{host}", i + 1),
+            IpFamily::V6 => format!("fd00:10::{:x}:{host}", i + 1),
+        };
+        let mut e: Ep = ep(&ip);
+        e = match rng.below(3) {
+            0 => e.node(TEST_NODE_NAME),
+            1 => e.node("other-node"),
+            _ => e,
+        };
+        match rng.below(10) {
+            0 => e = e.terminating(),
+            1 => e = e.not_ready(),
+            _ => {}
+        }
+        if rng.chance(50) {
+            e = e.zone(["zone-a", "zone-b"][rng.below(2) as usize]).hints(&[["zone-a", "zone-b"][rng.below(2) as usize]]);
+        }
+        s = s.endpoint(e);
+    }
+    s.build()
+}
+
+/// Applies one random change to `cluster` and to the incremental proxier.
+fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: IpFamily, max_services: usize) {
+    match rng.below(10) {
+        // Add or replace a service.
+        0..=2 => {
+            let i = rng.below(max_services as u64) as usize;
+            let new = random_service(rng, i, family);
+            match cluster.services.insert(i, new.clone()) {
+                Some(old) => fp.update_service(&old, &new),
+                None => fp.add_services(&[new]),
+            }
+        }
+        // Delete a service.
+        3 => {
+            if let Some(&i) = cluster.services.keys().nth(rng.below(cluster.services.len().max(1) as u64) as usize) {
+                if let Some(old) = cluster.services.remove(&i) {
+                    fp.delete_service(&old);
+                }
+            }
+        }
+        // Add or replace a slice.
+        4..=7 => {
+            let i = rng.below(max_services as u64) as usize;
+            let part = rng.below(2) as usize;
+            let new = random_slice(rng, i, part, family);
+            cluster.slices.insert((i, part), new.clone());
+            fp.add_slices(&[new]);
+        }
+        // Delete a slice.
+        8 => {
+            if let Some(&k) = cluster.slices.keys().nth(rng.below(cluster.slices.len().max(1) as u64) as usize) {
+                if let Some(old) = cluster.slices.remove(&k) {
+                    fp.delete_slice(&old);
+                }
+            }
+        }
+        // The node moves zone (forces a full sync).
+        _ => {
+            cluster.zone = ["zone-a", "zone-b"][rng.below(2) as usize].to_string();
+            fp.set_node(&node(TEST_NODE_NAME, &[("topology.kubernetes.io/zone", &cluster.zone)], &[], &[]));
+        }
+    }
+}
+
+/// A fresh proxier that knows the whole cluster and does one full sync.
+fn full_sync_of(cluster: &Cluster, family: IpFamily, extra: &[EndpointSlice], extra_svcs: &[Service]) -> TestProxier {
+    let mut fp = TestProxier::new(family);
+    if !cluster.zone.is_empty() {
+        fp.set_node(&node(TEST_NODE_NAME, &[("topology.kubernetes.io/zone", &cluster.zone)], &[], &[]));
+    }
+    fp.add_services(&cluster.services.values().cloned().collect::<Vec<_>>());
+    fp.add_services(extra_svcs);
+    fp.add_slices(&cluster.slices.values().cloned().collect::<Vec<_>>());
+    fp.add_slices(extra);
+    let report = fp.sync();
+    assert!(report.full);
+    fp
+}
+
+fn run_invariant(seed: u64, family: IpFamily, steps: usize, large: bool) {
+    let mut rng = Rng(seed);
+    let mut cluster = Cluster::default();
+    let mut fp = TestProxier::new(family);
+    // Large-cluster mode: one big service pushes the total over the threshold.
+    let (big_svcs, big_slices) = if large {
+        let ip = if family == IpFamily::V4 { "172.31.0.1" } else { "fd00:31::1" };
+        let svc = svc("big", "big").cluster_ip(ip).tcp("p80", 80).build();
+        let mut s = slice("big", "big", "big-1").tcp("p80", 80);
+        if family == IpFamily::V6 {
+            s = s.ipv6();
+        }
+        for n in 0..1001u32 {
+            let addr = match family {
+                IpFamily::V4 => format!("10.250.{}.{}", n / 250, n % 250 + 1),
+                IpFamily::V6 => format!("fd00:250::{:x}", n + 1),
+            };
+            s = s.endpoint(ep(&addr));
+        }
+        (vec![svc], vec![s.build()])
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    fp.add_services(&big_svcs);
+    fp.add_slices(&big_slices);
+    fp.sync();
+    for step in 0..steps {
+        for _ in 0..=rng.below(3) {
+            mutate(&mut rng, &mut cluster, &mut fp, family, 8);
+        }
+        let report = fp.sync();
+        assert_eq!(report.stats.large_cluster_mode, large, "seed {seed} step {step}");
+        let reference = full_sync_of(&cluster, family, &big_slices, &big_svcs);
+        let got = fp.ipt.save_all();
+        let want = reference.ipt.save_all();
+        if got != want {
+            let diff = similar::TextDiff::from_lines(&want, &got);
+            panic!(
+                "seed {seed} step {step} ({family}, large={large}): state after partial syncs differs from a full sync \
+                 (- full, + partial):\n{}\nlast payload:\n{}",
+                diff.unified_diff(),
+                report.payload
+            );
+        }
+    }
+}
+
+#[test]
+fn partial_syncs_equal_full_sync_ipv4() {
+    for seed in 1..=40u64 {
+        run_invariant(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), IpFamily::V4, 25, false);
+    }
+}
+
+#[test]
+fn partial_syncs_equal_full_sync_ipv6() {
+    for seed in 1..=15u64 {
+        run_invariant(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) + 7, IpFamily::V6, 25, false);
+    }
+}
+
+#[test]
+fn partial_syncs_equal_full_sync_large_cluster_mode() {
+    for seed in 1..=6u64 {
+        run_invariant(seed.wrapping_mul(0x1234_5678_9ABC_DEF1) + 3, IpFamily::V4, 12, true);
+    }
+}
+
+/// Upstream's `TestSyncProxyRulesRepeated`, first steps: adding a service rewrites only its
+/// chains; deleting one deletes only its chains; and (going beyond upstream) top-level chains
+/// whose content did not change are left out.
+#[test]
+fn partial_sync_writes_only_changed_chains() {
+    let mut fp = TestProxier::new(IpFamily::V4);
+    let svc1 = svc("ns1", "svc1").type_("ClusterIP").bare_cluster_ip("172.30.0.41").tcp("p80", 80).build();
+    let svc2 = svc("ns2", "svc2").type_("ClusterIP").bare_cluster_ip("172.30.0.42").tcp("p8080", 8080).build();
+    fp.add_services(&[svc1, svc2.clone()]);
+    fp.add_slices(&[
+        slice("ns1", "svc1", "svc1-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.1.1")).build(),
+        slice("ns2", "svc2", "svc2-1").tcp("p8080", 8080).endpoint(crate::support::fixtures::bare_ep("10.0.2.1")).build(),
+    ]);
+    assert!(fp.sync().full);
+
+    // Add svc3 with an endpoint: KUBE-SERVICES changes (new rule); its SVC and SEP chains are
+    // written; nothing in filter changed, so filter is empty.
+    let svc3 = svc("ns3", "svc3").type_("ClusterIP").bare_cluster_ip("172.30.0.43").tcp("p80", 80).build();
+    fp.add_services(&[svc3]);
+    fp.add_slices(&[slice("ns3", "svc3", "svc3-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.3.1")).build()]);
+    let report = fp.sync();
+    assert!(!report.full);
+    crate::support::assert_rules_eq(
+        r#"
+        *filter
+        COMMIT
+        *nat
+        :KUBE-SERVICES - [0:0]
+        :KUBE-SEP-BSWRHOQ77KEXZLNL - [0:0]
+        :KUBE-SVC-X27LE4BHSL4DOUIK - [0:0]
+        -A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
+        -A KUBE-SERVICES -m comment --comment "ns2/svc2:p8080 cluster IP" -m tcp -p tcp -d 172.30.0.42 --dport 8080 -j KUBE-SVC-2VJB64SDSIJUP5T6
+        -A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK
+        -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+        -A KUBE-SEP-BSWRHOQ77KEXZLNL -m comment --comment ns3/svc3:p80 -s 10.0.3.1 -j KUBE-MARK-MASQ
+        -A KUBE-SEP-BSWRHOQ77KEXZLNL -m comment --comment ns3/svc3:p80 -m tcp -p tcp -j DNAT --to-destination 10.0.3.1:80
+        -A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
+        -A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> 10.0.3.1:80" -j KUBE-SEP-BSWRHOQ77KEXZLNL
+        COMMIT
+        "#,
+        &report.payload,
+    );
+
+    // Delete svc2: its KUBE-SERVICES rule goes and its chains are flushed and deleted.
+    fp.delete_service(&svc2);
+    let report = fp.sync();
+    crate::support::assert_rules_eq(
+        r#"
+        *filter
+        COMMIT
+        *nat
+        :KUBE-SERVICES - [0:0]
+        :KUBE-SEP-UHEGFW77JX3KXTOV - [0:0]
+        :KUBE-SVC-2VJB64SDSIJUP5T6 - [0:0]
+        -A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
+        -A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK
+        -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+        -X KUBE-SEP-UHEGFW77JX3KXTOV
+        -X KUBE-SVC-2VJB64SDSIJUP5T6
+        COMMIT
+        "#,
+        &report.payload,
+    );
+    assert_eq!(report.stats.deleted_chains, 2);
+    assert!(fp.ipt.rules(Table::Nat, "KUBE-SVC-2VJB64SDSIJUP5T6").is_none());
+
+    // A sync with no changes writes nothing but the table headers.
+    let report = fp.sync();
+    crate::support::assert_rules_eq("*filter\nCOMMIT\n*nat\nCOMMIT\n", &report.payload);
+}
+
+/// Upstream's absurd-but-possible case: a partial restore that fails (here, someone added a
+/// jump into a chain we delete) makes the next sync full, which succeeds.
+#[test]
+fn failed_partial_sync_forces_a_full_resync() {
+    let mut fp = TestProxier::new(IpFamily::V4);
+    let svc3 = svc("ns3", "svc3").type_("ClusterIP").bare_cluster_ip("172.30.0.43").tcp("p80", 80).build();
+    let svc4 = svc("ns4", "svc4").type_("ClusterIP").bare_cluster_ip("172.30.0.44").tcp("p80", 80).build();
+    fp.add_services(&[svc3, svc4.clone()]);
+    fp.add_slices(&[
+        slice("ns3", "svc3", "svc3-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.3.1")).build(),
+        slice("ns4", "svc4", "svc4-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.4.1")).build(),
+    ]);
+    fp.sync();
+    let svc4_sep = fp
+        .ipt
+        .chains(Table::Nat)
+        .into_iter()
+        .find(|c| c.starts_with("KUBE-SEP-") && fp.ipt.rules(Table::Nat, c).is_some_and(|r| r.iter().any(|l| l.contains("10.0.4.1"))))
+        .expect("svc4 endpoint chain");
+    use kube_proxy_rs::iptables::{Iptables, RulePosition};
+    fp.ipt.ensure_rule(RulePosition::Append, Table::Nat, "KUBE-SVC-X27LE4BHSL4DOUIK", &["-j", &svc4_sep]).expect("ensure rule");
+
+    fp.delete_service(&svc4);
+    let now = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    match fp.proxier.sync(now) {
+        kube_proxy_rs::proxier::SyncOutcome::Synced(report) => {
+            assert!(!report.full);
+            assert!(report.result.is_err(), "partial restore should fail");
+            assert_eq!(report.retry_after, Some(std::time::Duration::from_secs(30)));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let report = fp.sync();
+    assert!(report.full, "the sync after a failure must be full");
+    assert!(fp.ipt.rules(Table::Nat, &svc4_sep).is_none(), "stale chain deleted by the full resync");
+}
