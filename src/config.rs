@@ -1334,7 +1334,7 @@ fn parse_port_range(value: &str) -> Result<Option<(u16, u16)>, String> {
         (Some(i), None) => (num(&value[..i])?, num(&value[i + 1..])?),
         (None, Some(i)) => {
             let low = num(&value[..i])?;
-            (low, low + num(&value[i + 1..])?)
+            (low, low.saturating_add(num(&value[i + 1..])?))
         }
         (Some(_), Some(_)) => return Err(format!("unable to parse port range: {value}")),
     };
