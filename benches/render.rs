@@ -5,6 +5,9 @@
 //! Run with `cargo bench --bench render` (add `-- --quick` for fewer rounds). Prints medians;
 //! results are recorded in docs/performance.md.
 
+// A benchmark reports on stdout.
+#![allow(clippy::print_stdout)]
+
 use std::collections::{BTreeMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -21,7 +24,7 @@ fn render_config() -> RenderConfig {
     RenderConfig {
         family: IpFamily::V4,
         masquerade_all: false,
-        masquerade_mark: render::masquerade_mark(14),
+        masquerade_mark: kube_proxy_rs::config::masquerade_mark(14),
         localhost_nodeports: true,
         local_detector: LocalDetector::Cidr(kube_proxy_rs::model::Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
         node_ip: Some("192.168.0.2".parse().expect("ip")),
@@ -90,12 +93,7 @@ fn main() {
             times.push(t.elapsed());
             bytes = r.payload.len();
         }
-        println!(
-            "| {services} | {} | {:.1} | {:.1} |",
-            services * 10,
-            ms(median(times)),
-            bytes as f64 / 1e6
-        );
+        println!("| {services} | {} | {:.1} | {:.1} |", services * 10, ms(median(times)), bytes as f64 / 1e6);
         if services == 10_000 {
             ten_k = Some(maps);
         }

@@ -214,10 +214,7 @@ impl GoDuration {
             if !had_int && !had_fraction {
                 return Err(invalid());
             }
-            let unit_len = rest
-                .iter()
-                .position(|&c| c == b'.' || c.is_ascii_digit())
-                .unwrap_or(rest.len());
+            let unit_len = rest.iter().position(|&c| c == b'.' || c.is_ascii_digit()).unwrap_or(rest.len());
             if unit_len == 0 {
                 return Err(DurationError::MissingUnit(input.to_string()));
             }
@@ -251,10 +248,7 @@ impl GoDuration {
                     return Err(invalid());
                 }
             }
-            total = total
-                .checked_add(value)
-                .filter(|t| *t <= LIMIT)
-                .ok_or_else(invalid)?;
+            total = total.checked_add(value).filter(|t| *t <= LIMIT).ok_or_else(invalid)?;
         }
         if negative {
             // total <= 2^63, so the negation fits (i64::MIN at most).
@@ -447,11 +441,7 @@ pub struct FlushFrequency {
 
 impl Serialize for FlushFrequency {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if self.as_string {
-            self.duration.serialize(serializer)
-        } else {
-            serializer.serialize_i64(self.duration.0)
-        }
+        if self.as_string { self.duration.serialize(serializer) } else { serializer.serialize_i64(self.duration.0) }
     }
 }
 
@@ -465,23 +455,14 @@ impl<'de> Deserialize<'de> for FlushFrequency {
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<FlushFrequency, E> {
                 let duration = GoDuration::parse(v).map_err(E::custom)?;
-                Ok(FlushFrequency {
-                    duration,
-                    as_string: true,
-                })
+                Ok(FlushFrequency { duration, as_string: true })
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<FlushFrequency, E> {
-                Ok(FlushFrequency {
-                    duration: GoDuration(v),
-                    as_string: false,
-                })
+                Ok(FlushFrequency { duration: GoDuration(v), as_string: false })
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<FlushFrequency, E> {
                 let nanos = i64::try_from(v).map_err(|_| E::custom("flushFrequency overflows"))?;
-                Ok(FlushFrequency {
-                    duration: GoDuration(nanos),
-                    as_string: false,
-                })
+                Ok(FlushFrequency { duration: GoDuration(nanos), as_string: false })
             }
         }
         deserializer.deserialize_any(Visitor)
@@ -686,10 +667,7 @@ pub struct LoggingOptions {
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct LoggingConfig {
     /// `text` or `json`. Default: text.
-    #[serde(
-        deserialize_with = "null_default",
-        skip_serializing_if = "String::is_empty"
-    )]
+    #[serde(deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
     pub format: String,
     /// Maximum time between log flushes. Default: 5s.
     #[serde(deserialize_with = "null_default")]
@@ -722,10 +700,7 @@ pub struct KubeProxyConfiguration {
     pub kind: String,
     /// Feature gate names mapped to enabled/disabled. Not checked against upstream's gate
     /// list (we cannot know it); recorded for the components that care.
-    #[serde(
-        deserialize_with = "null_default",
-        skip_serializing_if = "BTreeMap::is_empty"
-    )]
+    #[serde(deserialize_with = "null_default", skip_serializing_if = "BTreeMap::is_empty")]
     pub feature_gates: BTreeMap<String, bool>,
     /// How to reach the API server.
     #[serde(deserialize_with = "null_default")]
@@ -844,20 +819,15 @@ fn probe_text(value: Option<serde_yaml::Value>) -> String {
     match value {
         Some(serde_yaml::Value::String(s)) => s,
         Some(serde_yaml::Value::Null) | None => String::new(),
-        Some(other) => serde_yaml::to_string(&other)
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
+        Some(other) => serde_yaml::to_string(&other).unwrap_or_default().trim().to_string(),
     }
 }
 
 /// Reads and strictly decodes a config file. Defaults are not applied.
 pub fn load_config_file(path: impl AsRef<Path>) -> Result<KubeProxyConfiguration, ConfigError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
     parse_config(&text, path)
 }
 
@@ -872,35 +842,21 @@ pub fn parse_config(text: &str, path: &Path) -> Result<KubeProxyConfiguration, C
                 message = stripped.to_string();
             }
         }
-        ConfigError::Decode {
-            path: path.to_path_buf(),
-            location,
-            message,
-        }
+        ConfigError::Decode { path: path.to_path_buf(), location, message }
     };
 
-    let is_blank = text
-        .lines()
-        .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#') || l.trim() == "---");
+    let is_blank = text.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#') || l.trim() == "---");
     if is_blank {
-        return Err(ConfigError::Empty {
-            path: path.to_path_buf(),
-        });
+        return Err(ConfigError::Empty { path: path.to_path_buf() });
     }
     let probe: TypeProbe = serde_yaml::from_str(text).map_err(decode_error)?;
     let api_version = probe_text(probe.api_version);
     if api_version != API_VERSION {
-        return Err(ConfigError::ApiVersion {
-            path: path.to_path_buf(),
-            found: api_version,
-        });
+        return Err(ConfigError::ApiVersion { path: path.to_path_buf(), found: api_version });
     }
     let kind = probe_text(probe.kind);
     if kind != KIND {
-        return Err(ConfigError::Kind {
-            path: path.to_path_buf(),
-            found: kind,
-        });
+        return Err(ConfigError::Kind { path: path.to_path_buf(), found: kind });
     }
     serde_yaml::from_str(text).map_err(decode_error)
 }
@@ -926,11 +882,7 @@ impl KubeProxyConfiguration {
             self.bind_address = "0.0.0.0".to_string();
         }
         let bind_is_v4 = matches!(parse_ip_sloppy(&self.bind_address), Some(IpAddr::V4(_)));
-        let (healthz_host, metrics_host) = if bind_is_v4 {
-            ("0.0.0.0", "127.0.0.1")
-        } else {
-            ("[::]", "[::1]")
-        };
+        let (healthz_host, metrics_host) = if bind_is_v4 { ("0.0.0.0", "127.0.0.1") } else { ("[::]", "[::1]") };
         self.healthz_bind_address = if self.healthz_bind_address.is_empty() {
             format!("{healthz_host}:{DEFAULT_HEALTHZ_PORT}")
         } else {
@@ -968,10 +920,8 @@ impl KubeProxyConfiguration {
         let ct = &mut self.conntrack;
         ct.max_per_core.get_or_insert(32 * 1024);
         ct.min.get_or_insert(128 * 1024);
-        ct.tcp_established_timeout
-            .get_or_insert(GoDuration::from_secs(24 * 3600));
-        ct.tcp_close_wait_timeout
-            .get_or_insert(GoDuration::from_secs(3600));
+        ct.tcp_established_timeout.get_or_insert(GoDuration::from_secs(24 * 3600));
+        ct.tcp_close_wait_timeout.get_or_insert(GoDuration::from_secs(3600));
 
         if self.config_sync_period.is_zero() {
             self.config_sync_period = GoDuration::from_secs(15 * 60);
@@ -993,18 +943,11 @@ impl KubeProxyConfiguration {
             log.format = "text".to_string();
         }
         if log.flush_frequency.duration.is_zero() {
-            log.flush_frequency = FlushFrequency {
-                duration: GoDuration::from_secs(5),
-                as_string: true,
-            };
+            log.flush_frequency = FlushFrequency { duration: GoDuration::from_secs(5), as_string: true };
         }
-        log.options
-            .json
-            .info_buffer_size
-            .get_or_insert(Quantity("0".to_string()));
+        log.options.json.info_buffer_size.get_or_insert(Quantity("0".to_string()));
         if let Some(text) = &mut log.options.text {
-            text.info_buffer_size
-                .get_or_insert(Quantity("0".to_string()));
+            text.info_buffer_size.get_or_insert(Quantity("0".to_string()));
         }
         self
     }
@@ -1035,11 +978,7 @@ impl KubeProxyConfiguration {
             ));
         }
         if self.config_sync_period.0 <= 0 {
-            errs.push(duration_error(
-                "configSyncPeriod",
-                self.config_sync_period,
-                "must be greater than 0",
-            ));
+            errs.push(duration_error("configSyncPeriod", self.config_sync_period, "must be greater than 0"));
         }
         if parse_ip_sloppy(&self.bind_address).is_none() {
             errs.push(FieldError::invalid_str(
@@ -1055,11 +994,7 @@ impl KubeProxyConfiguration {
         if let Some(adj) = self.oom_score_adj
             && !(-1000..=1000).contains(&adj)
         {
-            errs.push(FieldError::invalid(
-                "oomScoreAdj",
-                adj,
-                "must be within the range [-1000, 1000]",
-            ));
+            errs.push(FieldError::invalid("oomScoreAdj", adj, "must be within the range [-1000, 1000]"));
         }
         if !self.cluster_cidr.is_empty() {
             validate_cluster_cidr(&self.cluster_cidr, &mut errs);
@@ -1071,10 +1006,7 @@ impl KubeProxyConfiguration {
                 format!("must be a valid port range (e.g. 300-2000): {detail}"),
             ));
         }
-        validate_node_port_addresses(
-            self.node_port_addresses.as_deref().unwrap_or(&[]),
-            &mut errs,
-        );
+        validate_node_port_addresses(self.node_port_addresses.as_deref().unwrap_or(&[]), &mut errs);
         validate_show_hidden_metrics(&self.show_hidden_metrics_for_version, &mut errs);
         self.validate_detect_local(&mut errs);
         if !self.hostname_override.is_empty() && self.hostname_override.trim().is_empty() {
@@ -1085,11 +1017,7 @@ impl KubeProxyConfiguration {
             ));
         }
         if !matches!(self.logging.format.as_str(), "" | "text" | "json") {
-            errs.push(FieldError::invalid_str(
-                "logging.format",
-                &self.logging.format,
-                "Unsupported log format",
-            ));
+            errs.push(FieldError::invalid_str("logging.format", &self.logging.format, "Unsupported log format"));
         }
         if errs.is_empty() { Ok(()) } else { Err(errs) }
     }
@@ -1115,18 +1043,10 @@ impl KubeProxyConfiguration {
         if let Some(bit) = ipt.masquerade_bit
             && !(0..=31).contains(&bit)
         {
-            errs.push(FieldError::invalid(
-                "iptables.masqueradeBit",
-                bit,
-                "must be within the range [0, 31]",
-            ));
+            errs.push(FieldError::invalid("iptables.masqueradeBit", bit, "must be within the range [0, 31]"));
         }
         if ipt.sync_period.0 <= 0 {
-            errs.push(duration_error(
-                "iptables.syncPeriod",
-                ipt.sync_period,
-                "must be greater than 0",
-            ));
+            errs.push(duration_error("iptables.syncPeriod", ipt.sync_period, "must be greater than 0"));
         }
         if ipt.min_sync_period.0 < 0 {
             errs.push(duration_error(
@@ -1159,14 +1079,8 @@ impl KubeProxyConfiguration {
             errs.push(FieldError::invalid("conntrack.min", v, NON_NEGATIVE));
         }
         let durations = [
-            (
-                "conntrack.tcpEstablishedTimeout",
-                ct.tcp_established_timeout.unwrap_or_default(),
-            ),
-            (
-                "conntrack.tcpCloseWaitTimeout",
-                ct.tcp_close_wait_timeout.unwrap_or_default(),
-            ),
+            ("conntrack.tcpEstablishedTimeout", ct.tcp_established_timeout.unwrap_or_default()),
+            ("conntrack.tcpCloseWaitTimeout", ct.tcp_close_wait_timeout.unwrap_or_default()),
             ("conntrack.udpTimeout", ct.udp_timeout),
             ("conntrack.udpStreamTimeout", ct.udp_stream_timeout),
         ];
@@ -1178,27 +1092,13 @@ impl KubeProxyConfiguration {
     }
 
     fn validate_detect_local(&self, errs: &mut Vec<FieldError>) {
-        const MODES: [&str; 5] = [
-            "ClusterCIDR",
-            "NodeCIDR",
-            "BridgeInterface",
-            "InterfaceNamePrefix",
-            "",
-        ];
+        const MODES: [&str; 5] = ["ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", ""];
         match self.detect_local_mode.as_str() {
             "BridgeInterface" if self.detect_local.bridge_interface.is_empty() => {
-                errs.push(FieldError::invalid_str(
-                    "detectLocal.bridgeInterface",
-                    "",
-                    "must not be empty",
-                ));
+                errs.push(FieldError::invalid_str("detectLocal.bridgeInterface", "", "must not be empty"));
             }
             "InterfaceNamePrefix" if self.detect_local.interface_name_prefix.is_empty() => {
-                errs.push(FieldError::invalid_str(
-                    "detectLocal.interfaceNamePrefix",
-                    "",
-                    "must not be empty",
-                ));
+                errs.push(FieldError::invalid_str("detectLocal.interfaceNamePrefix", "", "must not be empty"));
             }
             mode if !MODES.contains(&mode) => {
                 errs.push(FieldError::not_supported("detectLocalMode", mode, &MODES));
@@ -1216,15 +1116,9 @@ fn duration_error(field: &str, value: GoDuration, detail: &str) -> FieldError {
 fn sort_mappings(value: serde_yaml::Value) -> serde_yaml::Value {
     match value {
         serde_yaml::Value::Mapping(map) => {
-            let mut entries: Vec<(serde_yaml::Value, serde_yaml::Value)> =
-                map.into_iter().collect();
+            let mut entries: Vec<(serde_yaml::Value, serde_yaml::Value)> = map.into_iter().collect();
             entries.sort_by(|a, b| a.0.as_str().cmp(&b.0.as_str()));
-            serde_yaml::Value::Mapping(
-                entries
-                    .into_iter()
-                    .map(|(k, v)| (k, sort_mappings(v)))
-                    .collect(),
-            )
+            serde_yaml::Value::Mapping(entries.into_iter().map(|(k, v)| (k, sort_mappings(v))).collect())
         }
         serde_yaml::Value::Sequence(items) => {
             serde_yaml::Value::Sequence(items.into_iter().map(sort_mappings).collect())
@@ -1339,9 +1233,7 @@ fn parse_port_range(value: &str) -> Result<Option<(u16, u16)>, String> {
         (Some(_), Some(_)) => return Err(format!("unable to parse port range: {value}")),
     };
     if low > 65535 || high > 65535 {
-        return Err(format!(
-            "the port range cannot be greater than 65535: {value}"
-        ));
+        return Err(format!("the port range cannot be greater than 65535: {value}"));
     }
     if high < low {
         return Err(format!("end port cannot be less than start port: {value}"));
@@ -1361,20 +1253,12 @@ fn validate_node_port_addresses(addresses: &[String], errs: &mut Vec<FieldError>
         if addr == NODE_PORT_ADDRESSES_PRIMARY {
             // v1.29 rejected this keyword; v1.30 accepts it alone. We follow v1.30.
             if addresses.len() != 1 {
-                errs.push(FieldError::invalid_str(
-                    &field,
-                    addr,
-                    "can't use both 'primary' and CIDRs",
-                ));
+                errs.push(FieldError::invalid_str(&field, addr, "can't use both 'primary' and CIDRs"));
             }
             break;
         }
         if Cidr::parse_sloppy(addr).is_none() {
-            errs.push(FieldError::invalid_str(
-                &field,
-                addr,
-                "must be a valid CIDR",
-            ));
+            errs.push(FieldError::invalid_str(&field, addr, "must be a valid CIDR"));
         }
     }
 }
@@ -1502,28 +1386,16 @@ impl Settings {
         let cluster_cidrs: Vec<Cidr> = if cfg.cluster_cidr.trim().is_empty() {
             Vec::new()
         } else {
-            cfg.cluster_cidr
-                .trim()
-                .split(',')
-                .filter_map(Cidr::parse_sloppy)
-                .collect()
+            cfg.cluster_cidr.trim().split(',').filter_map(Cidr::parse_sloppy).collect()
         };
         let detect_local = match cfg.detect_local_mode.as_str() {
             "NodeCIDR" => DetectLocal::NodeCidr,
-            "BridgeInterface" => {
-                DetectLocal::BridgeInterface(cfg.detect_local.bridge_interface.clone())
-            }
-            "InterfaceNamePrefix" => {
-                DetectLocal::InterfaceNamePrefix(cfg.detect_local.interface_name_prefix.clone())
-            }
+            "BridgeInterface" => DetectLocal::BridgeInterface(cfg.detect_local.bridge_interface.clone()),
+            "InterfaceNamePrefix" => DetectLocal::InterfaceNamePrefix(cfg.detect_local.interface_name_prefix.clone()),
             _ => DetectLocal::ClusterCidr(cluster_cidrs.clone()),
         };
         let hostname = cfg.hostname_override.trim();
-        let masquerade_bit = cfg
-            .iptables
-            .masquerade_bit
-            .unwrap_or(DEFAULT_MASQUERADE_BIT)
-            .clamp(0, 31) as u32;
+        let masquerade_bit = cfg.iptables.masquerade_bit.unwrap_or(DEFAULT_MASQUERADE_BIT).clamp(0, 31) as u32;
         let non_negative = |v: Option<i32>| v.unwrap_or(0).max(0) as u32;
         let ct = &cfg.conntrack;
         let kubeconfig = cfg.client_connection.kubeconfig.trim();
@@ -1548,9 +1420,7 @@ impl Settings {
             conntrack: ConntrackSettings {
                 max_per_core: non_negative(ct.max_per_core),
                 min: non_negative(ct.min),
-                tcp_established_timeout: std_duration(
-                    ct.tcp_established_timeout.unwrap_or_default(),
-                ),
+                tcp_established_timeout: std_duration(ct.tcp_established_timeout.unwrap_or_default()),
                 tcp_close_wait_timeout: std_duration(ct.tcp_close_wait_timeout.unwrap_or_default()),
                 tcp_be_liberal: ct.tcp_be_liberal,
                 udp_timeout: std_duration(ct.udp_timeout),
@@ -1584,8 +1454,7 @@ mod tests {
         parse_config(text, Path::new("test.yaml"))
     }
 
-    const HEADER: &str =
-        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+    const HEADER: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
 
     fn defaulted() -> KubeProxyConfiguration {
         KubeProxyConfiguration::default().with_defaults()
@@ -1627,33 +1496,13 @@ mod tests {
 
     #[test]
     fn duration_parse_rejects_like_go() {
-        assert_eq!(
-            GoDuration::parse(""),
-            Err(DurationError::Invalid(String::new()))
-        );
-        assert_eq!(
-            GoDuration::parse("1"),
-            Err(DurationError::MissingUnit("1".into()))
-        );
-        assert!(matches!(
-            GoDuration::parse("1x"),
-            Err(DurationError::UnknownUnit { .. })
-        ));
-        for bad in [
-            ".s",
-            "s",
-            "-",
-            "1s2",
-            "9223372036854775808ns",
-            "1.2.3s",
-            "3000000h",
-        ] {
+        assert_eq!(GoDuration::parse(""), Err(DurationError::Invalid(String::new())));
+        assert_eq!(GoDuration::parse("1"), Err(DurationError::MissingUnit("1".into())));
+        assert!(matches!(GoDuration::parse("1x"), Err(DurationError::UnknownUnit { .. })));
+        for bad in [".s", "s", "-", "1s2", "9223372036854775808ns", "1.2.3s", "3000000h"] {
             assert!(GoDuration::parse(bad).is_err(), "{bad} should be rejected");
         }
-        assert_eq!(
-            GoDuration::parse("5 s").unwrap_err().to_string(),
-            "time: unknown unit \" s\" in duration \"5 s\""
-        );
+        assert_eq!(GoDuration::parse("5 s").unwrap_err().to_string(), "time: unknown unit \" s\" in duration \"5 s\"");
     }
 
     #[test]
@@ -1676,11 +1525,7 @@ mod tests {
         ];
         for (nanos, text) in cases {
             assert_eq!(GoDuration(*nanos).to_string(), *text);
-            assert_eq!(
-                GoDuration::parse(text),
-                Ok(GoDuration(*nanos)),
-                "re-parse {text}"
-            );
+            assert_eq!(GoDuration::parse(text), Ok(GoDuration(*nanos)), "re-parse {text}");
         }
     }
 
@@ -1700,20 +1545,11 @@ mod tests {
         assert_eq!(cfg.nftables.masquerade_bit, Some(14));
         assert_eq!(cfg.conntrack.max_per_core, Some(32768));
         assert_eq!(cfg.conntrack.min, Some(131072));
-        assert_eq!(
-            cfg.conntrack.tcp_established_timeout.unwrap().to_string(),
-            "24h0m0s"
-        );
-        assert_eq!(
-            cfg.conntrack.tcp_close_wait_timeout.unwrap().to_string(),
-            "1h0m0s"
-        );
+        assert_eq!(cfg.conntrack.tcp_established_timeout.unwrap().to_string(), "24h0m0s");
+        assert_eq!(cfg.conntrack.tcp_close_wait_timeout.unwrap().to_string(), "1h0m0s");
         assert_eq!(cfg.conntrack.udp_timeout, GoDuration::ZERO);
         assert_eq!(cfg.config_sync_period.to_string(), "15m0s");
-        assert_eq!(
-            cfg.client_connection.content_type,
-            "application/vnd.kubernetes.protobuf"
-        );
+        assert_eq!(cfg.client_connection.content_type, "application/vnd.kubernetes.protobuf");
         assert_eq!(cfg.client_connection.qps, 5.0);
         assert_eq!(cfg.client_connection.burst, 10);
         assert_eq!(cfg.logging.format, "text");
@@ -1726,10 +1562,7 @@ mod tests {
 
     #[test]
     fn defaults_follow_bind_address_family() {
-        let cfg = KubeProxyConfiguration {
-            bind_address: "fd00::1".into(),
-            ..Default::default()
-        };
+        let cfg = KubeProxyConfiguration { bind_address: "fd00::1".into(), ..Default::default() };
         let cfg = cfg.with_defaults();
         assert_eq!(cfg.healthz_bind_address, "[::]:10256");
         assert_eq!(cfg.metrics_bind_address, "[::1]:10249");
@@ -1830,24 +1663,15 @@ winkernel:
         let cfg = parse(text).unwrap().with_defaults();
         assert_eq!(cfg.validate(), Ok(()));
         let settings = Settings::from_config(&cfg).unwrap();
-        assert_eq!(
-            settings.client.kubeconfig,
-            Some(PathBuf::from("/var/lib/kube-proxy/kubeconfig.conf"))
-        );
-        assert_eq!(
-            settings.cluster_cidrs,
-            vec![Cidr::parse_sloppy("10.244.0.0/16").unwrap()]
-        );
+        assert_eq!(settings.client.kubeconfig, Some(PathBuf::from("/var/lib/kube-proxy/kubeconfig.conf")));
+        assert_eq!(settings.cluster_cidrs, vec![Cidr::parse_sloppy("10.244.0.0/16").unwrap()]);
     }
 
     #[test]
     fn to_yaml_round_trips() {
         let cfg = defaulted();
         let yaml = cfg.to_yaml();
-        assert!(
-            yaml.starts_with("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"),
-            "{yaml}"
-        );
+        assert!(yaml.starts_with("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"), "{yaml}");
         for needle in [
             "masqueradeBit: 14",
             "syncPeriod: 30s",
@@ -1867,14 +1691,8 @@ winkernel:
         custom.feature_gates.insert("SomeGate".into(), true);
         custom.node_port_addresses = Some(vec!["10.0.0.0/8".into(), "fd00::/64".into()]);
         custom.client_connection.qps = 0.5;
-        custom.logging.flush_frequency = FlushFrequency {
-            duration: GoDuration(2_000_000_000),
-            as_string: false,
-        };
-        custom.logging.vmodule = Some(vec![VModuleItem {
-            file_pattern: "proxier*".into(),
-            verbosity: 4,
-        }]);
+        custom.logging.flush_frequency = FlushFrequency { duration: GoDuration(2_000_000_000), as_string: false };
+        custom.logging.vmodule = Some(vec![VModuleItem { file_pattern: "proxier*".into(), verbosity: 4 }]);
         custom.hostname_override = "null".into();
         custom.port_range = "30000-32767".into();
         custom.iptables.min_sync_period = GoDuration(1_500_000);
@@ -1888,17 +1706,9 @@ winkernel:
     fn unknown_field_is_rejected_with_path_and_line() {
         let text = format!("{HEADER}iptables:\n  masqueradeBits: 3\n");
         let err = parse(&text).unwrap_err();
-        let ConfigError::Decode {
-            location, message, ..
-        } = &err
-        else {
-            panic!("{err}")
-        };
+        let ConfigError::Decode { location, message, .. } = &err else { panic!("{err}") };
         assert_eq!(location.map(|l| l.0), Some(4));
-        assert!(
-            message.starts_with("iptables: unknown field `masqueradeBits`"),
-            "{message}"
-        );
+        assert!(message.starts_with("iptables: unknown field `masqueradeBits`"), "{message}");
         assert!(err.to_string().starts_with("test.yaml:4:"), "{err}");
 
         let err = parse(&format!("{HEADER}bogus: 1\n")).unwrap_err();
@@ -1908,72 +1718,37 @@ winkernel:
     #[test]
     fn wrong_types_name_the_field() {
         let err = parse(&format!("{HEADER}iptables:\n  masqueradeBit: x\n")).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("iptables.masqueradeBit: invalid type"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("iptables.masqueradeBit: invalid type"), "{err}");
         // Durations must be strings, as with metav1.Duration.
         let err = parse(&format!("{HEADER}configSyncPeriod: 30\n")).unwrap_err();
         assert!(err.to_string().contains("configSyncPeriod"), "{err}");
         let err = parse(&format!("{HEADER}iptables:\n  syncPeriod: 3 seconds\n")).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("iptables.syncPeriod: time: unknown unit"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("iptables.syncPeriod: time: unknown unit"), "{err}");
         let err = parse(&format!("{HEADER}iptables: [\n")).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ConfigError::Decode {
-                    location: Some(_),
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, ConfigError::Decode { location: Some(_), .. }), "{err}");
     }
 
     #[test]
     fn wrong_type_meta_is_rejected() {
         let err = parse("apiVersion: v1\nkind: KubeProxyConfiguration\n").unwrap_err();
-        assert!(
-            matches!(err, ConfigError::ApiVersion { ref found, .. } if found == "v1"),
-            "{err}"
-        );
-        let err =
-            parse("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n")
-                .unwrap_err();
-        assert!(
-            matches!(err, ConfigError::Kind { ref found, .. } if found == "KubeletConfiguration")
-        );
+        assert!(matches!(err, ConfigError::ApiVersion { ref found, .. } if found == "v1"), "{err}");
+        let err = parse("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n").unwrap_err();
+        assert!(matches!(err, ConfigError::Kind { ref found, .. } if found == "KubeletConfiguration"));
         let err = parse("kind: KubeProxyConfiguration\n").unwrap_err();
         assert!(matches!(err, ConfigError::ApiVersion { ref found, .. } if found.is_empty()));
         let err = parse("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n").unwrap_err();
         assert!(matches!(err, ConfigError::Kind { .. }));
-        assert!(matches!(
-            parse("# nothing\n\n").unwrap_err(),
-            ConfigError::Empty { .. }
-        ));
-        assert!(matches!(
-            parse("- a\n- b\n").unwrap_err(),
-            ConfigError::Decode { .. }
-        ));
+        assert!(matches!(parse("# nothing\n\n").unwrap_err(), ConfigError::Empty { .. }));
+        assert!(matches!(parse("- a\n- b\n").unwrap_err(), ConfigError::Decode { .. }));
     }
 
     #[test]
     fn load_config_file_names_the_file() {
         let err = load_config_file("/nonexistent/kube-proxy-rs/config.yaml").unwrap_err();
         assert!(matches!(err, ConfigError::Read { .. }));
-        assert!(
-            err.to_string()
-                .starts_with("/nonexistent/kube-proxy-rs/config.yaml: cannot read"),
-            "{err}"
-        );
+        assert!(err.to_string().starts_with("/nonexistent/kube-proxy-rs/config.yaml: cannot read"), "{err}");
 
-        let path =
-            std::env::temp_dir().join(format!("kube-proxy-rs-config-{}.yaml", std::process::id()));
+        let path = std::env::temp_dir().join(format!("kube-proxy-rs-config-{}.yaml", std::process::id()));
         std::fs::write(&path, format!("{HEADER}mode: iptables\n")).unwrap();
         let cfg = load_config_file(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
@@ -1984,110 +1759,38 @@ winkernel:
     fn validation_names_each_field() {
         type Mutate = fn(&mut KubeProxyConfiguration);
         let cases: Vec<(Mutate, &[&str])> = vec![
-            (
-                |c| c.iptables.masquerade_bit = Some(32),
-                &["iptables.masqueradeBit"],
-            ),
-            (
-                |c| c.iptables.masquerade_bit = Some(-1),
-                &["iptables.masqueradeBit"],
-            ),
-            (
-                |c| c.iptables.sync_period = GoDuration::ZERO,
-                &["iptables.syncPeriod", "iptables.syncPeriod"],
-            ),
-            (
-                |c| c.iptables.min_sync_period = GoDuration(-1),
-                &["iptables.minSyncPeriod"],
-            ),
-            (
-                |c| c.iptables.min_sync_period = GoDuration::from_secs(60),
-                &["iptables.syncPeriod"],
-            ),
+            (|c| c.iptables.masquerade_bit = Some(32), &["iptables.masqueradeBit"]),
+            (|c| c.iptables.masquerade_bit = Some(-1), &["iptables.masqueradeBit"]),
+            (|c| c.iptables.sync_period = GoDuration::ZERO, &["iptables.syncPeriod", "iptables.syncPeriod"]),
+            (|c| c.iptables.min_sync_period = GoDuration(-1), &["iptables.minSyncPeriod"]),
+            (|c| c.iptables.min_sync_period = GoDuration::from_secs(60), &["iptables.syncPeriod"]),
             (|c| c.cluster_cidr = "10.0.0.0".into(), &["clusterCIDR"]),
-            (
-                |c| c.cluster_cidr = "10.0.0.0/8,10.1.0.0/16".into(),
-                &["clusterCIDR"],
-            ),
-            (
-                |c| c.cluster_cidr = "10.0.0.0/8,fd00::/48,10.1.0.0/16".into(),
-                &["clusterCIDR"],
-            ),
-            (
-                |c| c.cluster_cidr = "10.0.0.0/8, fd00::/48".into(),
-                &["clusterCIDR"],
-            ),
-            (
-                |c| c.node_port_addresses = Some(vec!["10.0.0.0/8".into(), "x".into()]),
-                &["nodePortAddresses[1]"],
-            ),
-            (
-                |c| c.node_port_addresses = Some(vec!["10.0.0.0/8".into(), "primary".into()]),
-                &["nodePortAddresses[1]"],
-            ),
+            (|c| c.cluster_cidr = "10.0.0.0/8,10.1.0.0/16".into(), &["clusterCIDR"]),
+            (|c| c.cluster_cidr = "10.0.0.0/8,fd00::/48,10.1.0.0/16".into(), &["clusterCIDR"]),
+            (|c| c.cluster_cidr = "10.0.0.0/8, fd00::/48".into(), &["clusterCIDR"]),
+            (|c| c.node_port_addresses = Some(vec!["10.0.0.0/8".into(), "x".into()]), &["nodePortAddresses[1]"]),
+            (|c| c.node_port_addresses = Some(vec!["10.0.0.0/8".into(), "primary".into()]), &["nodePortAddresses[1]"]),
             (|c| c.bind_address = "10.0.0.1:80".into(), &["bindAddress"]),
-            (
-                |c| c.healthz_bind_address = "0.0.0.0".into(),
-                &["healthzBindAddress"],
-            ),
-            (
-                |c| c.metrics_bind_address = "localhost:10249".into(),
-                &["metricsBindAddress"],
-            ),
-            (
-                |c| c.metrics_bind_address = "127.0.0.1:0".into(),
-                &["metricsBindAddress"],
-            ),
-            (
-                |c| c.detect_local_mode = "Guess".into(),
-                &["detectLocalMode"],
-            ),
-            (
-                |c| c.detect_local_mode = "BridgeInterface".into(),
-                &["detectLocal.bridgeInterface"],
-            ),
-            (
-                |c| c.detect_local_mode = "InterfaceNamePrefix".into(),
-                &["detectLocal.interfaceNamePrefix"],
-            ),
+            (|c| c.healthz_bind_address = "0.0.0.0".into(), &["healthzBindAddress"]),
+            (|c| c.metrics_bind_address = "localhost:10249".into(), &["metricsBindAddress"]),
+            (|c| c.metrics_bind_address = "127.0.0.1:0".into(), &["metricsBindAddress"]),
+            (|c| c.detect_local_mode = "Guess".into(), &["detectLocalMode"]),
+            (|c| c.detect_local_mode = "BridgeInterface".into(), &["detectLocal.bridgeInterface"]),
+            (|c| c.detect_local_mode = "InterfaceNamePrefix".into(), &["detectLocal.interfaceNamePrefix"]),
             (|c| c.mode = "ipvs".into(), &["mode"]),
             (|c| c.mode = "userspace".into(), &["mode"]),
             (|c| c.oom_score_adj = Some(1001), &["oomScoreAdj"]),
-            (
-                |c| c.conntrack.max_per_core = Some(-1),
-                &["conntrack.maxPerCore"],
-            ),
+            (|c| c.conntrack.max_per_core = Some(-1), &["conntrack.maxPerCore"]),
             (|c| c.conntrack.min = Some(-1), &["conntrack.min"]),
-            (
-                |c| c.conntrack.tcp_established_timeout = Some(GoDuration(-1)),
-                &["conntrack.tcpEstablishedTimeout"],
-            ),
-            (
-                |c| c.conntrack.tcp_close_wait_timeout = Some(GoDuration(-1)),
-                &["conntrack.tcpCloseWaitTimeout"],
-            ),
-            (
-                |c| c.conntrack.udp_timeout = GoDuration(-1),
-                &["conntrack.udpTimeout"],
-            ),
-            (
-                |c| c.conntrack.udp_stream_timeout = GoDuration(-1),
-                &["conntrack.udpStreamTimeout"],
-            ),
-            (
-                |c| c.client_connection.burst = -1,
-                &["clientConnection.burst"],
-            ),
-            (
-                |c| c.config_sync_period = GoDuration(-1),
-                &["configSyncPeriod"],
-            ),
+            (|c| c.conntrack.tcp_established_timeout = Some(GoDuration(-1)), &["conntrack.tcpEstablishedTimeout"]),
+            (|c| c.conntrack.tcp_close_wait_timeout = Some(GoDuration(-1)), &["conntrack.tcpCloseWaitTimeout"]),
+            (|c| c.conntrack.udp_timeout = GoDuration(-1), &["conntrack.udpTimeout"]),
+            (|c| c.conntrack.udp_stream_timeout = GoDuration(-1), &["conntrack.udpStreamTimeout"]),
+            (|c| c.client_connection.burst = -1, &["clientConnection.burst"]),
+            (|c| c.config_sync_period = GoDuration(-1), &["configSyncPeriod"]),
             (|c| c.port_range = "2000-1000".into(), &["portRange"]),
             (|c| c.port_range = "a-b".into(), &["portRange"]),
-            (
-                |c| c.show_hidden_metrics_for_version = "1.20".into(),
-                &["showHiddenMetricsForVersion"],
-            ),
+            (|c| c.show_hidden_metrics_for_version = "1.20".into(), &["showHiddenMetricsForVersion"]),
             (|c| c.logging.format = "xml".into(), &["logging.format"]),
             (|c| c.hostname_override = "  ".into(), &["hostnameOverride"]),
         ];
@@ -2133,10 +1836,7 @@ winkernel:
         cfg.iptables.masquerade_bit = Some(40);
         cfg.detect_local_mode = "Guess".into();
         let errs = cfg.validate().unwrap_err();
-        assert_eq!(
-            errs[0].to_string(),
-            "iptables.masqueradeBit: Invalid value: 40: must be within the range [0, 31]"
-        );
+        assert_eq!(errs[0].to_string(), "iptables.masqueradeBit: Invalid value: 40: must be within the range [0, 31]");
         assert_eq!(errs[0].value, "40");
         assert_eq!(
             errs[1].to_string(),
@@ -2146,11 +1846,7 @@ winkernel:
         cfg = defaulted();
         cfg.mode = "nftables".into();
         let errs = cfg.validate().unwrap_err();
-        assert!(
-            errs[0].to_string().contains("only the iptables proxy mode"),
-            "{}",
-            errs[0]
-        );
+        assert!(errs[0].to_string().contains("only the iptables proxy mode"), "{}", errs[0]);
     }
 
     #[test]
@@ -2179,34 +1875,19 @@ winkernel:
         assert_eq!(s.min_sync_period, Duration::from_secs(1));
         assert_eq!(s.config_sync_period, Duration::from_secs(900));
         assert_eq!(s.bind_address, IpAddr::from([0, 0, 0, 0]));
-        assert_eq!(
-            s.healthz_bind_address,
-            Some("0.0.0.0:10256".parse().unwrap())
-        );
-        assert_eq!(
-            s.metrics_bind_address,
-            Some("127.0.0.1:10249".parse().unwrap())
-        );
+        assert_eq!(s.healthz_bind_address, Some("0.0.0.0:10256".parse().unwrap()));
+        assert_eq!(s.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
         assert_eq!(s.cluster_cidrs.len(), 2);
-        assert_eq!(
-            s.detect_local,
-            DetectLocal::ClusterCidr(s.cluster_cidrs.clone())
-        );
+        assert_eq!(s.detect_local, DetectLocal::ClusterCidr(s.cluster_cidrs.clone()));
         assert_eq!(s.conntrack.max_per_core, 32768);
-        assert_eq!(
-            s.conntrack.tcp_established_timeout,
-            Duration::from_secs(86400)
-        );
+        assert_eq!(s.conntrack.tcp_established_timeout, Duration::from_secs(86400));
         assert_eq!(s.oom_score_adj, -999);
         assert_eq!(s.client.kubeconfig, None);
 
         cfg.detect_local_mode = "InterfaceNamePrefix".into();
         cfg.detect_local.interface_name_prefix = "veth".into();
         let s = Settings::from_config(&cfg).unwrap();
-        assert_eq!(
-            s.detect_local,
-            DetectLocal::InterfaceNamePrefix("veth".into())
-        );
+        assert_eq!(s.detect_local, DetectLocal::InterfaceNamePrefix("veth".into()));
 
         cfg.iptables.masquerade_bit = Some(99);
         let errs = Settings::from_config(&cfg).unwrap_err();

@@ -11,12 +11,12 @@
 //! EndpointSlices into those maps; [`model`] holds the compact per-port and per-endpoint
 //! records; [`iptables`] is the only place that knows how rules reach the kernel.
 
+pub mod cli;
 pub mod config;
 pub mod iptables;
 pub mod manifest;
 pub mod model;
 pub mod proxier;
-pub mod tracker;
-pub mod cli;
 pub mod render_cmd;
 pub mod synthetic;
+pub mod tracker;

@@ -93,10 +93,8 @@ fn fmt_location(location: Option<(usize, usize)>) -> String {
 pub fn load_manifests(paths: &[PathBuf]) -> Result<(Snapshot, Vec<Warning>), ManifestError> {
     let mut collector = Collector::default();
     for path in paths {
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
-            file: path.clone(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ManifestError::Read { file: path.clone(), source })?;
         collector.add_text(&text, path)?;
     }
     Ok((collector.snapshot, collector.warnings))
@@ -104,10 +102,7 @@ pub fn load_manifests(paths: &[PathBuf]) -> Result<(Snapshot, Vec<Warning>), Man
 
 /// Parses manifest text as if it were the file `file` (used by tests and by callers that
 /// already hold the text).
-pub fn load_manifest_str(
-    text: &str,
-    file: &Path,
-) -> Result<(Snapshot, Vec<Warning>), ManifestError> {
+pub fn load_manifest_str(text: &str, file: &Path) -> Result<(Snapshot, Vec<Warning>), ManifestError> {
     let mut collector = Collector::default();
     collector.add_text(text, file)?;
     Ok((collector.snapshot, collector.warnings))
@@ -267,8 +262,7 @@ impl Collector {
     /// The route for files with YAML directives: serde_yaml over the whole file.
     fn add_whole_file_slowly(&mut self, text: &str, file: &Path) -> Result<(), ManifestError> {
         for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let value = serde_json::Value::deserialize(document)
-                .map_err(|err| yaml_error(file, 0, &err))?;
+            let value = serde_json::Value::deserialize(document).map_err(|err| yaml_error(file, 0, &err))?;
             self.add_value(value, file, i + 1, None);
         }
         Ok(())
@@ -277,15 +271,13 @@ impl Collector {
     fn add_chunk(&mut self, chunk: &Chunk<'_>, file: &Path) -> Result<(), ManifestError> {
         match fast::convert(chunk.text) {
             Ok(fast::Converted::Empty) => Ok(()),
-            Ok(fast::Converted::Json(content)) => {
-                match serde_json::from_str::<serde_json::Value>(content) {
-                    Ok(value) => {
-                        self.add_value(value, file, chunk.document, Some(chunk.first_line));
-                        Ok(())
-                    }
-                    Err(_) => self.add_chunk_slowly(chunk, file),
+            Ok(fast::Converted::Json(content)) => match serde_json::from_str::<serde_json::Value>(content) {
+                Ok(value) => {
+                    self.add_value(value, file, chunk.document, Some(chunk.first_line));
+                    Ok(())
                 }
-            }
+                Err(_) => self.add_chunk_slowly(chunk, file),
+            },
             Ok(fast::Converted::Doc(doc)) => {
                 self.add_converted(&doc, chunk, file);
                 Ok(())
@@ -295,8 +287,8 @@ impl Collector {
     }
 
     fn add_chunk_slowly(&mut self, chunk: &Chunk<'_>, file: &Path) -> Result<(), ManifestError> {
-        let value: serde_json::Value = serde_yaml::from_str(chunk.text)
-            .map_err(|err| yaml_error(file, chunk.first_line - 1, &err))?;
+        let value: serde_json::Value =
+            serde_yaml::from_str(chunk.text).map_err(|err| yaml_error(file, chunk.first_line - 1, &err))?;
         self.add_value(value, file, chunk.document, Some(chunk.first_line));
         Ok(())
     }
@@ -308,25 +300,14 @@ impl Collector {
             _ => None,
         };
         let Some(element) = list else {
-            let candidate = Candidate {
-                head: root.clone(),
-                body: Body::Json(&doc.json),
-                line: Some(chunk.first_line),
-                item: None,
-            };
+            let candidate =
+                Candidate { head: root.clone(), body: Body::Json(&doc.json), line: Some(chunk.first_line), item: None };
             self.add_candidate(candidate, file, chunk.document);
             return;
         };
         let Some(items) = &doc.items else {
             if doc.items_present {
-                self.warn(
-                    file,
-                    chunk.document,
-                    Some(chunk.first_line),
-                    None,
-                    root.describe(),
-                    "items is not a list",
-                );
+                self.warn(file, chunk.document, Some(chunk.first_line), None, root.describe(), "items is not a list");
             }
             return;
         };
@@ -343,13 +324,7 @@ impl Collector {
         }
     }
 
-    fn add_value(
-        &mut self,
-        value: serde_json::Value,
-        file: &Path,
-        document: usize,
-        line: Option<usize>,
-    ) {
+    fn add_value(&mut self, value: serde_json::Value, file: &Path, document: usize, line: Option<usize>) {
         match value {
             serde_json::Value::Null => {}
             serde_json::Value::Object(_) => {
@@ -359,12 +334,7 @@ impl Collector {
                     _ => None,
                 };
                 let Some(element) = element else {
-                    let candidate = Candidate {
-                        head,
-                        body: Body::Value(value),
-                        line,
-                        item: None,
-                    };
+                    let candidate = Candidate { head, body: Body::Value(value), line, item: None };
                     self.add_candidate(candidate, file, document);
                     return;
                 };
@@ -377,33 +347,15 @@ impl Collector {
                         for (index, item) in items.into_iter().enumerate() {
                             let mut item_head = Head::from_value(&item);
                             inherit_list_type(&mut item_head, element);
-                            let candidate = Candidate {
-                                head: item_head,
-                                body: Body::Value(item),
-                                line,
-                                item: Some(index),
-                            };
+                            let candidate =
+                                Candidate { head: item_head, body: Body::Value(item), line, item: Some(index) };
                             self.add_candidate(candidate, file, document);
                         }
                     }
-                    Some(_) => self.warn(
-                        file,
-                        document,
-                        line,
-                        None,
-                        head.describe(),
-                        "items is not a list",
-                    ),
+                    Some(_) => self.warn(file, document, line, None, head.describe(), "items is not a list"),
                 }
             }
-            _ => self.warn(
-                file,
-                document,
-                line,
-                None,
-                None,
-                "document is not a mapping; skipped",
-            ),
+            _ => self.warn(file, document, line, None, None, "document is not a mapping; skipped"),
         }
     }
 
@@ -414,28 +366,14 @@ impl Collector {
         };
         let describe = candidate.head.describe();
         if !is_object {
-            self.warn(
-                file,
-                document,
-                candidate.line,
-                candidate.item,
-                describe,
-                "not an object; skipped",
-            );
+            self.warn(file, document, candidate.line, candidate.item, describe, "not an object; skipped");
             return;
         }
         let (api_version, kind) = match (&candidate.head.api_version, &candidate.head.kind) {
             (Some(a), Some(k)) => (a.as_str(), k.as_str()),
             _ => {
                 let message = "apiVersion and kind must be set (strings); skipped";
-                self.warn(
-                    file,
-                    document,
-                    candidate.line,
-                    candidate.item,
-                    describe,
-                    message,
-                );
+                self.warn(file, document, candidate.line, candidate.item, describe, message);
                 return;
             }
         };
@@ -444,21 +382,10 @@ impl Collector {
                 "unsupported object type apiVersion {api_version:?} kind {kind:?} \
                  (expected v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node); skipped"
             );
-            self.warn(
-                file,
-                document,
-                candidate.line,
-                candidate.item,
-                describe,
-                &message,
-            );
+            self.warn(file, document, candidate.line, candidate.item, describe, &message);
             return;
         };
-        let origin = Origin {
-            file: file.to_path_buf(),
-            document,
-            line: candidate.line,
-        };
+        let origin = Origin { file: file.to_path_buf(), document, line: candidate.line };
         let place = |namespace: &Option<String>, name: &Option<String>| Placement {
             kind,
             namespace: namespace.clone().unwrap_or_default(),
@@ -498,46 +425,24 @@ impl Collector {
         let result = match &candidate.body {
             Body::Json(text) => serde_json::from_str::<T>(text).map_err(|err| {
                 // The JSON text keeps the YAML's line breaks, so its line is the file's.
-                let line = candidate
-                    .line
-                    .map(|start| start + err.line().saturating_sub(1));
+                let line = candidate.line.map(|start| start + err.line().saturating_sub(1));
                 (line, err.to_string())
             }),
-            Body::Value(value) => {
-                T::deserialize(value).map_err(|err| (candidate.line, err.to_string()))
-            }
+            Body::Value(value) => T::deserialize(value).map_err(|err| (candidate.line, err.to_string())),
         };
         match result {
             Ok(obj) => Some(obj),
             Err((line, message)) => {
                 let message = format!("cannot decode: {}; skipped", strip_position(&message));
-                self.warn(
-                    &origin.file,
-                    origin.document,
-                    line,
-                    candidate.item,
-                    describe,
-                    &message,
-                );
+                self.warn(&origin.file, origin.document, line, candidate.item, describe, &message);
                 None
             }
         }
     }
 
     /// Adds a decoded object, or replaces the earlier one with the same name.
-    fn insert<T>(
-        &mut self,
-        placement: Placement,
-        obj: T,
-        vector: fn(&mut Snapshot) -> &mut Vec<T>,
-    ) {
-        let Placement {
-            kind,
-            namespace,
-            name,
-            origin,
-            item,
-        } = placement;
+    fn insert<T>(&mut self, placement: Placement, obj: T, vector: fn(&mut Snapshot) -> &mut Vec<T>) {
+        let Placement { kind, namespace, name, origin, item } = placement;
         if name.is_empty() {
             let describe = if namespace.is_empty() {
                 kind.name().to_string()
@@ -545,14 +450,7 @@ impl Collector {
                 format!("{} in namespace {namespace}", kind.name())
             };
             let message = "metadata.name is missing; skipped";
-            self.warn(
-                &origin.file,
-                origin.document,
-                origin.line,
-                item,
-                Some(describe),
-                message,
-            );
+            self.warn(&origin.file, origin.document, origin.line, item, Some(describe), message);
             return;
         }
         let describe = if namespace.is_empty() {
@@ -564,14 +462,7 @@ impl Collector {
         if let Some((index, earlier)) = self.seen.get(&key).cloned() {
             vector(&mut self.snapshot)[index] = obj;
             let message = format!("duplicate of the object at {earlier}; the later one wins");
-            self.warn(
-                &origin.file,
-                origin.document,
-                origin.line,
-                item,
-                Some(describe),
-                &message,
-            );
+            self.warn(&origin.file, origin.document, origin.line, item, Some(describe), &message);
             self.seen.insert(key, (index, origin));
             return;
         }
@@ -590,14 +481,7 @@ impl Collector {
         object: Option<String>,
         message: &str,
     ) {
-        let warning = Warning {
-            file: file.to_path_buf(),
-            document,
-            line,
-            item,
-            object,
-            message: message.to_string(),
-        };
+        let warning = Warning { file: file.to_path_buf(), document, line, item, object, message: message.to_string() };
         self.warnings.push(warning);
     }
 }
@@ -608,11 +492,7 @@ fn inherit_list_type(head: &mut Head, element: Option<ObjKind>) {
             head.kind = Some(element.name().to_string());
         }
         if head.api_version.is_none() {
-            let api_version = if element == ObjKind::EndpointSlice {
-                "discovery.k8s.io/v1"
-            } else {
-                "v1"
-            };
+            let api_version = if element == ObjKind::EndpointSlice { "discovery.k8s.io/v1" } else { "v1" };
             head.api_version = Some(api_version.to_string());
         }
     }
@@ -643,8 +523,7 @@ struct Chunk<'a> {
 
 fn is_separator(line: &str) -> bool {
     let line = line.trim_end_matches(['\n', '\r']);
-    line.strip_prefix("---")
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+    line.strip_prefix("---").is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
 }
 
 fn is_blank_or_comment(line: &str) -> bool {
@@ -668,11 +547,7 @@ fn split_documents(text: &str) -> Option<Vec<Chunk<'_>>> {
         if is_separator(line) {
             if offset > start && (start > 0 || has_content) {
                 document += 1;
-                chunks.push(Chunk {
-                    text: &text[start..offset],
-                    first_line: start_line,
-                    document,
-                });
+                chunks.push(Chunk { text: &text[start..offset], first_line: start_line, document });
             }
             start = offset;
             start_line = line_no;
@@ -684,11 +559,7 @@ fn split_documents(text: &str) -> Option<Vec<Chunk<'_>>> {
     }
     if offset > start && has_content {
         document += 1;
-        chunks.push(Chunk {
-            text: &text[start..offset],
-            first_line: start_line,
-            document,
-        });
+        chunks.push(Chunk { text: &text[start..offset], first_line: start_line, document });
     }
     Some(chunks)
 }
@@ -784,14 +655,8 @@ status:
         assert_eq!(spec.session_affinity, None);
         let slice = &snap.endpoint_slices[0];
         assert_eq!(slice.endpoints[0].addresses, vec!["10.244.1.5".to_string()]);
-        assert_eq!(
-            slice.endpoints[0].conditions.as_ref().unwrap().ready,
-            Some(true)
-        );
-        assert_eq!(
-            snap.nodes[0].spec.as_ref().unwrap().pod_cidr.as_deref(),
-            Some("10.244.1.0/24")
-        );
+        assert_eq!(slice.endpoints[0].conditions.as_ref().unwrap().ready, Some(true));
+        assert_eq!(snap.nodes[0].spec.as_ref().unwrap().pod_cidr.as_deref(), Some("10.244.1.0/24"));
     }
 
     fn indent(text: &str, by: &str) -> String {
@@ -806,7 +671,8 @@ status:
 
     #[test]
     fn kind_list_with_items() {
-        let config_map = "apiVersion: v1\ndata:\n  a: b\nkind: ConfigMap\nmetadata:\n  name: cm\n  namespace: default\n";
+        let config_map =
+            "apiVersion: v1\ndata:\n  a: b\nkind: ConfigMap\nmetadata:\n  name: cm\n  namespace: default\n";
         let text = format!(
             "apiVersion: v1\nitems:\n{}{}{}{}kind: List\nmetadata:\n  resourceVersion: \"\"\n",
             as_item(SERVICE),
@@ -815,14 +681,7 @@ status:
             as_item(NODE)
         );
         let (snap, warnings) = load(&text);
-        assert_eq!(
-            (
-                snap.services.len(),
-                snap.endpoint_slices.len(),
-                snap.nodes.len()
-            ),
-            (1, 1, 1)
-        );
+        assert_eq!((snap.services.len(), snap.endpoint_slices.len(), snap.nodes.len()), (1, 1, 1));
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         let w = &warnings[0];
         assert_eq!(w.item, Some(1));
@@ -834,10 +693,7 @@ status:
     #[test]
     fn typed_list_items_need_no_kind() {
         let item = "metadata:\n  name: a\n  namespace: ns\nspec:\n  clusterIP: None\n";
-        let text = format!(
-            "apiVersion: v1\nkind: ServiceList\nitems:\n{}",
-            as_item(item)
-        );
+        let text = format!("apiVersion: v1\nkind: ServiceList\nitems:\n{}", as_item(item));
         let (snap, warnings) = load(&text);
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(snap.services.len(), 1);
@@ -854,13 +710,9 @@ status:
 
     #[test]
     fn bad_yaml_is_an_error_with_the_line() {
-        let text = format!(
-            "{SERVICE}---\napiVersion: v1\nkind: Node\nmetadata:\n  name: [a\n  labels: {{}}\n"
-        );
+        let text = format!("{SERVICE}---\napiVersion: v1\nkind: Node\nmetadata:\n  name: [a\n  labels: {{}}\n");
         let err = load_manifest_str(&text, Path::new("bad.yaml")).unwrap_err();
-        let ManifestError::Yaml { location, .. } = &err else {
-            panic!("{err}")
-        };
+        let ManifestError::Yaml { location, .. } = &err else { panic!("{err}") };
         let separator_line = SERVICE.lines().count() + 1;
         let line = location.unwrap().0;
         assert!(
@@ -870,26 +722,14 @@ status:
         assert!(err.to_string().starts_with("bad.yaml:"), "{err}");
 
         let err = load_manifest_str("a: b\n c\nd: [\n", Path::new("x.yaml")).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ManifestError::Yaml {
-                    location: Some(_),
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, ManifestError::Yaml { location: Some(_), .. }), "{err}");
     }
 
     #[test]
     fn unreadable_file_is_an_error() {
         let err = load_manifests(&[PathBuf::from("/nonexistent/kube-proxy-rs.yaml")]).unwrap_err();
         assert!(matches!(err, ManifestError::Read { .. }));
-        assert!(
-            err.to_string().contains("/nonexistent/kube-proxy-rs.yaml"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("/nonexistent/kube-proxy-rs.yaml"), "{err}");
     }
 
     #[test]
@@ -903,16 +743,10 @@ status:
         let w = &warnings[0];
         assert_eq!(w.document, 2);
         assert_eq!(w.object.as_deref(), Some("Service default/web"));
-        let port_line =
-            NODE.lines().count() + 1 + 1 + bad.lines().position(|l| l.contains("eighty")).unwrap();
+        let port_line = NODE.lines().count() + 1 + 1 + bad.lines().position(|l| l.contains("eighty")).unwrap();
         assert_eq!(w.line, Some(port_line), "{w}");
         assert!(w.message.contains("invalid type"), "{w}");
-        assert!(
-            w.to_string().starts_with(&format!(
-                "m.yaml:{port_line}: document 2, Service default/web:"
-            )),
-            "{w}"
-        );
+        assert!(w.to_string().starts_with(&format!("m.yaml:{port_line}: document 2, Service default/web:")), "{w}");
     }
 
     #[test]
@@ -921,30 +755,11 @@ status:
         let (snap, warnings) = load(text);
         assert!(snap.services.is_empty());
         assert_eq!(warnings.len(), 4, "{warnings:?}");
-        assert!(
-            warnings[0].message.contains("metadata.name"),
-            "{}",
-            warnings[0]
-        );
-        assert!(
-            warnings[1].message.contains("apiVersion and kind"),
-            "{}",
-            warnings[1]
-        );
-        assert!(
-            warnings[2].message.contains("not a mapping"),
-            "{}",
-            warnings[2]
-        );
-        assert!(
-            warnings[3].message.contains("not a mapping"),
-            "{}",
-            warnings[3]
-        );
-        assert_eq!(
-            warnings.iter().map(|w| w.document).collect::<Vec<_>>(),
-            vec![1, 2, 3, 4]
-        );
+        assert!(warnings[0].message.contains("metadata.name"), "{}", warnings[0]);
+        assert!(warnings[1].message.contains("apiVersion and kind"), "{}", warnings[1]);
+        assert!(warnings[2].message.contains("not a mapping"), "{}", warnings[2]);
+        assert!(warnings[3].message.contains("not a mapping"), "{}", warnings[3]);
+        assert_eq!(warnings.iter().map(|w| w.document).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
     }
 
     #[test]
@@ -953,23 +768,9 @@ status:
         let text = format!("{SERVICE}---\n{NODE}---\n{second}");
         let (snap, warnings) = load(&text);
         assert_eq!(snap.services.len(), 1);
-        assert_eq!(
-            snap.services[0]
-                .spec
-                .as_ref()
-                .unwrap()
-                .cluster_ip
-                .as_deref(),
-            Some("10.96.0.11")
-        );
+        assert_eq!(snap.services[0].spec.as_ref().unwrap().cluster_ip.as_deref(), Some("10.96.0.11"));
         assert_eq!(warnings.len(), 1);
-        assert!(
-            warnings[0]
-                .message
-                .contains("duplicate of the object at m.yaml:1"),
-            "{}",
-            warnings[0]
-        );
+        assert!(warnings[0].message.contains("duplicate of the object at m.yaml:1"), "{}", warnings[0]);
         // Same name in another namespace is not a duplicate.
         let other_ns = SERVICE.replace("namespace: default", "namespace: other");
         let (snap, warnings) = load(&format!("{SERVICE}---\n{other_ns}"));
@@ -997,16 +798,7 @@ status:
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!((snap.nodes.len(), snap.services.len()), (1, 1));
         let err = load_manifest_str("%YAML 1.2\n---\na: [\n", Path::new("d.yaml")).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ManifestError::Yaml {
-                    location: Some(_),
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, ManifestError::Yaml { location: Some(_), .. }), "{err}");
     }
 
     #[test]
@@ -1048,11 +840,7 @@ status:
         for (i, text) in cases.iter().enumerate() {
             let slow = slow_value(text);
             let fast = fast_value(text);
-            assert_eq!(
-                fast.as_ref(),
-                Some(&slow),
-                "case {i}: fast path differs or bailed\n{text}"
-            );
+            assert_eq!(fast.as_ref(), Some(&slow), "case {i}: fast path differs or bailed\n{text}");
         }
         // Documents the converter must hand to serde_yaml.
         let deep: String = (0..200).map(|i| format!("{}k:\n", " ".repeat(i))).collect();
@@ -1073,10 +861,7 @@ status:
             "- a\n- b\n",
             "a: b\r\nc: d\r\n",
         ] {
-            assert!(
-                fast_value(text).is_none(),
-                "fast path should bail on {text:?}"
-            );
+            assert!(fast_value(text).is_none(), "fast path should bail on {text:?}");
         }
     }
 
@@ -1182,18 +967,8 @@ status:
                     7 => indent = indent.saturating_sub(2 * (1 + next(2))),
                     8 => {
                         let extra = [" ", "  ", "   ", "", "    "][next(5)];
-                        let piece = [
-                            "continued text",
-                            "more\"",
-                            "end'",
-                            "x: y",
-                            "- z",
-                            "# c",
-                            "\"",
-                            "\\",
-                            "",
-                            "\t x",
-                        ][next(10)];
+                        let piece = ["continued text", "more\"", "end'", "x: y", "- z", "# c", "\"", "\\", "", "\t x"]
+                            [next(10)];
                         text.push_str(&format!("{pad}{extra}{piece}\n"));
                     }
                     _ => text.push_str(&format!("{pad}# comment\n")),
@@ -1210,10 +985,7 @@ status:
                 panic!("converter accepted YAML that serde_yaml rejects:\n{text}");
             }
         }
-        assert!(
-            accepted > 200 && checked > 200,
-            "too few documents exercised: {accepted}/{checked}"
-        );
+        assert!(accepted > 200 && checked > 200, "too few documents exercised: {accepted}/{checked}");
     }
 
     #[test]
@@ -1222,9 +994,7 @@ status:
         // Valid up to the flow sequence, which makes it bail: check on a valid variant instead.
         assert!(fast_value(text).is_none());
         let text = "a: 1\nb:\n  c: |\n    x\n    y\n  d: \"two\n    lines\"\ne:\n- f: g\n";
-        let Ok(fast::Converted::Doc(doc)) = fast::convert(text) else {
-            panic!("bailed")
-        };
+        let Ok(fast::Converted::Doc(doc)) = fast::convert(text) else { panic!("bailed") };
         let line_of = |needle: &str| doc.json.lines().position(|l| l.contains(needle)).unwrap();
         assert_eq!(line_of("\"a\""), 0);
         assert_eq!(line_of("\"c\""), 2);
@@ -1289,9 +1059,7 @@ status:
     #[test]
     fn generated_cluster_takes_the_fast_path() {
         let text = generate_cluster(20, 3);
-        let Ok(fast::Converted::Doc(doc)) = fast::convert(&text) else {
-            panic!("bailed")
-        };
+        let Ok(fast::Converted::Doc(doc)) = fast::convert(&text) else { panic!("bailed") };
         assert_eq!(doc.items.as_ref().map(Vec::len), Some(40));
         let fast: serde_json::Value = serde_json::from_str(&doc.json).unwrap();
         assert_eq!(fast, slow_value(&text));
@@ -1305,8 +1073,7 @@ status:
     #[ignore = "timing; run in release"]
     fn load_time_large_cluster() {
         let text = generate_cluster(10_000, 10);
-        let path =
-            std::env::temp_dir().join(format!("kube-proxy-rs-cluster-{}.yaml", std::process::id()));
+        let path = std::env::temp_dir().join(format!("kube-proxy-rs-cluster-{}.yaml", std::process::id()));
         std::fs::write(&path, &text).unwrap();
         let start = std::time::Instant::now();
         let converted = fast::convert(&text).is_ok();
@@ -1317,13 +1084,7 @@ status:
         let elapsed = start.elapsed();
         std::fs::remove_file(&path).unwrap();
         assert!(warnings.is_empty());
-        assert_eq!(
-            snap.endpoint_slices
-                .iter()
-                .map(|s| s.endpoints.len())
-                .sum::<usize>(),
-            100_000
-        );
+        assert_eq!(snap.endpoint_slices.iter().map(|s| s.endpoints.len()).sum::<usize>(), 100_000);
         eprintln!(
             "loaded {:.1} MB: {} services, {} slices, 100000 endpoints in {elapsed:?} \
              (YAML to JSON alone: {convert_time:?})",

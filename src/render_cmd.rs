@@ -17,8 +17,8 @@ use crate::iptables::fake::FakeIptables;
 use crate::manifest::{self, Snapshot};
 use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
+use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
-use crate::proxier::render::masquerade_mark;
 use crate::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome};
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +27,8 @@ pub enum RenderCmdError {
     Manifest(#[from] manifest::ManifestError),
     #[error(transparent)]
     Config(#[from] config::ConfigError),
+    #[error("{path}: invalid configuration:\n  {}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "))]
+    InvalidConfig { path: String, errors: Vec<config::FieldError> },
     #[error("invalid --iptables-version {0:?}: expected X.Y.Z")]
     IptablesVersion(String),
     #[error("failed to write output: {0}")]
@@ -39,7 +41,10 @@ impl RenderCmdError {
     /// Exit code: 2 for bad input (files, config, flags), 1 for anything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            RenderCmdError::Manifest(_) | RenderCmdError::Config(_) | RenderCmdError::IptablesVersion(_) => 2,
+            RenderCmdError::Manifest(_)
+            | RenderCmdError::Config(_)
+            | RenderCmdError::InvalidConfig { .. }
+            | RenderCmdError::IptablesVersion(_) => 2,
             RenderCmdError::Output(_) | RenderCmdError::Sync { .. } => 1,
         }
     }
@@ -61,6 +66,18 @@ fn random_fully_supported(version: &str) -> Result<bool, RenderCmdError> {
     Ok((get(0), get(1), get(2)) >= (1, 6, 2))
 }
 
+/// The settings from `--config`, or upstream's defaults.
+fn load_settings(path: Option<&std::path::Path>) -> Result<Settings, RenderCmdError> {
+    let raw = match path {
+        Some(p) => config::load_config_file(p)?,
+        None => config::KubeProxyConfiguration::default(),
+    };
+    Settings::from_config(&raw).map_err(|errors| RenderCmdError::InvalidConfig {
+        path: path.map_or_else(|| "defaults".to_string(), |p| p.display().to_string()),
+        errors,
+    })
+}
+
 /// The OS hostname, as upstream's `GetHostname` normalises it.
 fn os_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -73,10 +90,7 @@ fn os_hostname() -> String {
 
 /// Runs `render`, writing each sync's header and payload to `out`.
 pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError> {
-    let settings = match &args.config {
-        Some(path) => config::load_settings(path)?,
-        None => Settings::default(),
-    };
+    let settings = load_settings(args.config.as_deref())?;
     let random_fully = random_fully_supported(&args.iptables_version)?;
     let family = match args.ip_family {
         IpFamilyArg::Ipv4 => IpFamily::V4,
@@ -102,21 +116,27 @@ pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError>
     if node.is_none() {
         tracing::warn!(hostname = %hostname, "no Node object for this hostname in the manifests; node IP defaults apply");
     }
-    let node_ips = NodeIps::detect(&node_info.host_ips, settings.bind_address);
+    let node_ips = NodeIps::detect(&node_info.host_ips, Some(settings.bind_address));
     let node_ip = node_ips.get(family);
-    let interface_addrs: Vec<IpAddr> =
-        if args.interface_addresses.is_empty() { node_info.addresses.clone() } else { args.interface_addresses.clone() };
+    let interface_addrs: Vec<IpAddr> = if args.interface_addresses.is_empty() {
+        node_info.addresses.clone()
+    } else {
+        args.interface_addresses.clone()
+    };
 
-    let node_port_cidrs = settings.node_port_cidrs(&node_ips);
+    let node_port_cidrs =
+        NodePortAddresses::resolve_primary(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
     let node_port_addresses = NodePortAddresses::new(family, &node_port_cidrs);
-    let localhost_nodeports = settings.localhost_nodeports && node_port_addresses.contains_ipv4_loopback();
-    let local_detector = settings.local_detector(family, &node_info.pod_cidrs);
+    // Localhost NodePorts exist only for IPv4, and only when nodePortAddresses admits loopback.
+    let localhost_nodeports =
+        family == IpFamily::V4 && settings.localhost_nodeports && node_port_addresses.contains_ipv4_loopback();
+    let local_detector = LocalDetector::from_mode(&settings.detect_local, family, &node_info.pod_cidrs);
 
     let cfg = ProxierConfig {
         render: RenderConfig {
             family,
             masquerade_all: settings.masquerade_all,
-            masquerade_mark: masquerade_mark(settings.masquerade_bit),
+            masquerade_mark: settings.masquerade_mark.clone(),
             localhost_nodeports,
             local_detector,
             node_ip: Some(node_ip),

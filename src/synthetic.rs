@@ -114,7 +114,12 @@ pub fn slice(i: usize, per: usize, version: usize) -> EndpointSlice {
         })
         .collect();
     EndpointSlice {
-        metadata: ObjectMeta { namespace: Some(ns), name: Some(format!("{svc}-abcde")), labels: Some(labels), ..Default::default() },
+        metadata: ObjectMeta {
+            namespace: Some(ns),
+            name: Some(format!("{svc}-abcde")),
+            labels: Some(labels),
+            ..Default::default()
+        },
         address_type: "IPv4".into(),
         endpoints,
         ports: Some(vec![EndpointPort {

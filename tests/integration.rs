@@ -1,5 +1,5 @@
 //! The one integration-test binary (fewer link steps): one module per area.
 
+mod partial_sync;
 mod support;
 mod upstream_rules;
-mod partial_sync;

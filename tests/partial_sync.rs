@@ -121,7 +121,9 @@ fn random_slice(rng: &mut Rng, i: usize, part: usize, family: IpFamily) -> Endpo
             _ => {}
         }
         if rng.chance(50) {
-            e = e.zone(["zone-a", "zone-b"][rng.below(2) as usize]).hints(&[["zone-a", "zone-b"][rng.below(2) as usize]]);
+            e = e
+                .zone(["zone-a", "zone-b"][rng.below(2) as usize])
+                .hints(&[["zone-a", "zone-b"][rng.below(2) as usize]]);
         }
         s = s.endpoint(e);
     }
@@ -142,10 +144,11 @@ fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: Ip
         }
         // Delete a service.
         3 => {
-            if let Some(&i) = cluster.services.keys().nth(rng.below(cluster.services.len().max(1) as u64) as usize) {
-                if let Some(old) = cluster.services.remove(&i) {
-                    fp.delete_service(&old);
-                }
+            let pick = rng.below(cluster.services.len().max(1) as u64) as usize;
+            if let Some(i) = cluster.services.keys().nth(pick).copied()
+                && let Some(old) = cluster.services.remove(&i)
+            {
+                fp.delete_service(&old);
             }
         }
         // Add or replace a slice.
@@ -158,10 +161,11 @@ fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: Ip
         }
         // Delete a slice.
         8 => {
-            if let Some(&k) = cluster.slices.keys().nth(rng.below(cluster.slices.len().max(1) as u64) as usize) {
-                if let Some(old) = cluster.slices.remove(&k) {
-                    fp.delete_slice(&old);
-                }
+            let pick = rng.below(cluster.slices.len().max(1) as u64) as usize;
+            if let Some(k) = cluster.slices.keys().nth(pick).copied()
+                && let Some(old) = cluster.slices.remove(&k)
+            {
+                fp.delete_slice(&old);
             }
         }
         // The node moves zone (forces a full sync).
@@ -266,7 +270,10 @@ fn partial_sync_writes_only_changed_chains() {
     fp.add_services(&[svc1, svc2.clone()]);
     fp.add_slices(&[
         slice("ns1", "svc1", "svc1-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.1.1")).build(),
-        slice("ns2", "svc2", "svc2-1").tcp("p8080", 8080).endpoint(crate::support::fixtures::bare_ep("10.0.2.1")).build(),
+        slice("ns2", "svc2", "svc2-1")
+            .tcp("p8080", 8080)
+            .endpoint(crate::support::fixtures::bare_ep("10.0.2.1"))
+            .build(),
     ]);
     assert!(fp.sync().full);
 
@@ -274,7 +281,10 @@ fn partial_sync_writes_only_changed_chains() {
     // written; nothing in filter changed, so filter is empty.
     let svc3 = svc("ns3", "svc3").type_("ClusterIP").bare_cluster_ip("172.30.0.43").tcp("p80", 80).build();
     fp.add_services(&[svc3]);
-    fp.add_slices(&[slice("ns3", "svc3", "svc3-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.3.1")).build()]);
+    fp.add_slices(&[slice("ns3", "svc3", "svc3-1")
+        .tcp("p80", 80)
+        .endpoint(crate::support::fixtures::bare_ep("10.0.3.1"))
+        .build()]);
     let report = fp.sync();
     assert!(!report.full);
     crate::support::assert_rules_eq(
@@ -343,10 +353,15 @@ fn failed_partial_sync_forces_a_full_resync() {
         .ipt
         .chains(Table::Nat)
         .into_iter()
-        .find(|c| c.starts_with("KUBE-SEP-") && fp.ipt.rules(Table::Nat, c).is_some_and(|r| r.iter().any(|l| l.contains("10.0.4.1"))))
+        .find(|c| {
+            c.starts_with("KUBE-SEP-")
+                && fp.ipt.rules(Table::Nat, c).is_some_and(|r| r.iter().any(|l| l.contains("10.0.4.1")))
+        })
         .expect("svc4 endpoint chain");
     use kube_proxy_rs::iptables::{Iptables, RulePosition};
-    fp.ipt.ensure_rule(RulePosition::Append, Table::Nat, "KUBE-SVC-X27LE4BHSL4DOUIK", &["-j", &svc4_sep]).expect("ensure rule");
+    fp.ipt
+        .ensure_rule(RulePosition::Append, Table::Nat, "KUBE-SVC-X27LE4BHSL4DOUIK", &["-j", &svc4_sep])
+        .expect("ensure rule");
 
     fp.delete_service(&svc4);
     let now = std::time::Instant::now() + std::time::Duration::from_secs(3600);

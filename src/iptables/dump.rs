@@ -103,35 +103,20 @@ pub struct DumpChain {
 /// Why a dump did not parse. Every variant tied to a line carries its 1-based number.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DumpError {
-    #[error(
-        "line {line}: could not parse iptables data (table {index} starts with {text:?}, not a table name)"
-    )]
-    ExpectedTable {
-        line: usize,
-        index: usize,
-        text: String,
-    },
+    #[error("line {line}: could not parse iptables data (table {index} starts with {text:?}, not a table name)")]
+    ExpectedTable { line: usize, index: usize, text: String },
     #[error("line {line}: empty table name in {text:?}")]
     EmptyTableName { line: usize, text: String },
     #[error("line {line}: empty chain name in declaration {text:?}")]
     EmptyChainName { line: usize, text: String },
     #[error("line {line}: error parsing rule {text:?}: table {table} declares no chain {chain:?}")]
-    UndeclaredChain {
-        line: usize,
-        table: String,
-        chain: String,
-        text: String,
-    },
+    UndeclaredChain { line: usize, table: String, chain: String, text: String },
     #[error("line {line}: cannot add rules to deleted chain {chain:?}")]
     RuleInDeletedChain { line: usize, chain: String },
     #[error("line {line}: cannot delete chain {chain:?} after adding rules")]
     DeleteAfterRules { line: usize, chain: String },
     #[error("line {line}: bad iptables rule {text:?}: {reason}")]
-    BadRule {
-        line: usize,
-        text: String,
-        reason: String,
-    },
+    BadRule { line: usize, text: String, reason: String },
     #[error("line {line}: error parsing rule {text:?}")]
     Unparseable { line: usize, text: String },
     #[error("line {line}: could not parse iptables data (table {table} has no COMMIT line)")]
@@ -159,17 +144,13 @@ impl DumpError {
     }
 }
 
-static DECLARE_CHAIN: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^:([^ ]*) ([^ ]+) \[([0-9]*):([0-9]*)\]$").expect("constant regex is valid")
-});
-static ADD_RULE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^-A ([^ ]*) (.*)$").expect("constant regex is valid"));
-static DELETE_CHAIN: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^-X (.*)$").expect("constant regex is valid"));
+static DECLARE_CHAIN: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^:([^ ]*) ([^ ]+) \[([0-9]*):([0-9]*)\]$").expect("constant regex is valid"));
+static ADD_RULE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^-A ([^ ]*) (.*)$").expect("constant regex is valid"));
+static DELETE_CHAIN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^-X (.*)$").expect("constant regex is valid"));
 /// Upstream's `wordRegex`, with Go's ASCII-only `\s` / `\S` spelled out.
 static WORD: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"(?:^|[\t\n\x0C\r ])("[^"]*"|[^"][^\t\n\x0C\r ]*)"#)
-        .expect("constant regex is valid")
+    Regex::new(r#"(?:^|[\t\n\x0C\r ])("[^"]*"|[^"][^\t\n\x0C\r ]*)"#).expect("constant regex is valid")
 });
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -202,10 +183,7 @@ impl Dump {
                     Some(caps) => {
                         let name = &caps[1];
                         if name.is_empty() {
-                            return Err(DumpError::EmptyChainName {
-                                line: line_no,
-                                text: line.to_string(),
-                            });
+                            return Err(DumpError::EmptyChainName { line: line_no, text: line.to_string() });
                         }
                         let chain = DumpChain {
                             name: name.to_string(),
@@ -216,9 +194,7 @@ impl Dump {
                             deleted: false,
                         };
                         if let Some(table) = dump.tables.last_mut() {
-                            chain_index
-                                .entry(chain.name.clone())
-                                .or_insert(table.chains.len());
+                            chain_index.entry(chain.name.clone()).or_insert(table.chains.len());
                             table.chains.push(chain);
                         }
                         continue;
@@ -237,15 +213,9 @@ impl Dump {
                         });
                     };
                     if name.is_empty() {
-                        return Err(DumpError::EmptyTableName {
-                            line: line_no,
-                            text: line.to_string(),
-                        });
+                        return Err(DumpError::EmptyTableName { line: line_no, text: line.to_string() });
                     }
-                    dump.tables.push(DumpTable {
-                        name: name.to_string(),
-                        chains: Vec::new(),
-                    });
+                    dump.tables.push(DumpTable { name: name.to_string(), chains: Vec::new() });
                     table_line = line_no;
                     chain_index.clear();
                     state = State::ChainDeclarations;
@@ -253,19 +223,13 @@ impl Dump {
                 State::ChainDeclarations => {}
                 State::Rules => {
                     let Some(table) = dump.tables.last_mut() else {
-                        return Err(DumpError::Unparseable {
-                            line: line_no,
-                            text: line.to_string(),
-                        });
+                        return Err(DumpError::Unparseable { line: line_no, text: line.to_string() });
                     };
                     if let Some(caps) = ADD_RULE.captures(line) {
                         let chain_name = &caps[1];
                         let rule = caps.get(2).map_or("", |m| m.as_str());
                         let table_name = table.name.clone();
-                        let Some(chain) = chain_index
-                            .get(chain_name)
-                            .and_then(|&i| table.chains.get_mut(i))
-                        else {
+                        let Some(chain) = chain_index.get(chain_name).and_then(|&i| table.chains.get_mut(i)) else {
                             return Err(DumpError::UndeclaredChain {
                                 line: line_no,
                                 table: table_name,
@@ -274,26 +238,16 @@ impl Dump {
                             });
                         };
                         if chain.deleted {
-                            return Err(DumpError::RuleInDeletedChain {
-                                line: line_no,
-                                chain: chain_name.to_string(),
-                            });
+                            return Err(DumpError::RuleInDeletedChain { line: line_no, chain: chain_name.to_string() });
                         }
                         if let Err(reason) = parse_rule(line) {
-                            return Err(DumpError::BadRule {
-                                line: line_no,
-                                text: line.to_string(),
-                                reason,
-                            });
+                            return Err(DumpError::BadRule { line: line_no, text: line.to_string(), reason });
                         }
                         chain.rules.push(rule.to_string());
                     } else if let Some(caps) = DELETE_CHAIN.captures(line) {
                         let chain_name = &caps[1];
                         let table_name = table.name.clone();
-                        let Some(chain) = chain_index
-                            .get(chain_name)
-                            .and_then(|&i| table.chains.get_mut(i))
-                        else {
+                        let Some(chain) = chain_index.get(chain_name).and_then(|&i| table.chains.get_mut(i)) else {
                             return Err(DumpError::UndeclaredChain {
                                 line: line_no,
                                 table: table_name,
@@ -302,43 +256,28 @@ impl Dump {
                             });
                         };
                         if !chain.rules.is_empty() {
-                            return Err(DumpError::DeleteAfterRules {
-                                line: line_no,
-                                chain: chain_name.to_string(),
-                            });
+                            return Err(DumpError::DeleteAfterRules { line: line_no, chain: chain_name.to_string() });
                         }
                         chain.deleted = true;
                     } else if line == "COMMIT" {
                         state = State::TableDeclaration;
                     } else {
-                        return Err(DumpError::Unparseable {
-                            line: line_no,
-                            text: line.to_string(),
-                        });
+                        return Err(DumpError::Unparseable { line: line_no, text: line.to_string() });
                     }
                 }
             }
         }
 
         if state != State::TableDeclaration {
-            let table = dump
-                .tables
-                .last()
-                .map(|t| t.name.clone())
-                .unwrap_or_default();
-            return Err(DumpError::MissingCommit {
-                line: table_line,
-                table,
-            });
+            let table = dump.tables.last().map(|t| t.name.clone()).unwrap_or_default();
+            return Err(DumpError::MissingCommit { line: table_line, table });
         }
         Ok(dump)
     }
 
     /// [`Dump::parse`] for raw bytes (e.g. a payload recorded by the fake).
     pub fn parse_bytes(data: &[u8]) -> Result<Dump, DumpError> {
-        let text = std::str::from_utf8(data).map_err(|e| DumpError::NotUtf8 {
-            offset: e.valid_up_to(),
-        })?;
+        let text = std::str::from_utf8(data).map_err(|e| DumpError::NotUtf8 { offset: e.valid_up_to() })?;
         Dump::parse(text)
     }
 
@@ -357,9 +296,7 @@ impl Dump {
     pub fn sort_canonical(&mut self) {
         self.tables.sort_by(|a, b| a.name.cmp(&b.name));
         for table in &mut self.tables {
-            table
-                .chains
-                .sort_by(|a, b| compare_chain_names(&a.name, &b.name));
+            table.chains.sort_by(|a, b| compare_chain_names(&a.name, &b.name));
         }
         let sorts: [(&str, &str, bool); 4] = [
             ("filter", KUBE_NODEPORTS, false),
@@ -383,12 +320,7 @@ impl Dump {
     }
 
     fn chain_mut(&mut self, table: &str, chain: &str) -> Option<&mut DumpChain> {
-        self.tables
-            .iter_mut()
-            .find(|t| t.name == table)?
-            .chains
-            .iter_mut()
-            .find(|c| c.name == chain)
+        self.tables.iter_mut().find(|t| t.name == table)?.chains.iter_mut().find(|c| c.name == chain)
     }
 }
 
@@ -406,18 +338,12 @@ impl DumpTable {
 impl DumpChain {
     /// The rules as full `-A CHAIN ...` lines.
     pub fn rule_lines(&self) -> Vec<String> {
-        self.rules
-            .iter()
-            .map(|r| format!("-A {} {}", self.name, r))
-            .collect()
+        self.rules.iter().map(|r| format!("-A {} {}", self.name, r)).collect()
     }
 
     /// The declaration line, `:NAME POLICY [packets:bytes]`.
     pub fn declaration(&self) -> String {
-        format!(
-            ":{} {} [{}:{}]",
-            self.name, self.policy, self.packets, self.bytes
-        )
+        format!(":{} {} [{}:{}]", self.name, self.policy, self.packets, self.bytes)
     }
 }
 
@@ -483,10 +409,11 @@ fn known_param(word: &str) -> Option<Param> {
     let value = |negatable| Some(Param::Value { negatable });
     let flag = |negatable| Some(Param::Flag { negatable });
     match word {
-        "-A" | "--comment" | "-j" | "--probability" | "--to-destination" | "--name"
-        | "--seconds" | "--mode" => value(false),
-        "-p" | "-s" | "--src-type" | "--sport" | "-d" | "--dst-type" | "--dport"
-        | "--match-set" | "--mark" | "--ctstate" => value(true),
+        "-A" | "--comment" | "-j" | "--probability" | "--to-destination" | "--name" | "--seconds" | "--mode" => {
+            value(false)
+        }
+        "-p" | "-s" | "--src-type" | "--sport" | "-d" | "--dst-type" | "--dport" | "--match-set" | "--mark"
+        | "--ctstate" => value(true),
         "--random-fully" | "--reap" => flag(false),
         "--rcheck" | "--set" => flag(true),
         _ => None,
@@ -495,11 +422,8 @@ fn known_param(word: &str) -> Option<Param> {
 
 /// Upstream `ParseRule(line, false)`, reduced to what we need: validation and the comment.
 fn parse_rule(line: &str) -> Result<Option<String>, String> {
-    let words: Vec<&str> = WORD
-        .captures_iter(line)
-        .filter_map(|c| c.get(1))
-        .map(|m| m.as_str().trim_matches('"'))
-        .collect();
+    let words: Vec<&str> =
+        WORD.captures_iter(line).filter_map(|c| c.get(1)).map(|m| m.as_str().trim_matches('"')).collect();
 
     if words.len() < 2 || words[0] != "-A" {
         return Err("does not start with \"-A CHAIN\"".to_string());
@@ -555,11 +479,8 @@ fn service_name(comment: &str) -> &str {
 
 fn sort_rules_by_service(chain: &mut DumpChain, keep_last: bool) {
     let name = chain.name.clone();
-    let mut keyed: Vec<(Option<String>, String)> = chain
-        .rules
-        .drain(..)
-        .map(|rule| (rule_comment(&name, &rule), rule))
-        .collect();
+    let mut keyed: Vec<(Option<String>, String)> =
+        chain.rules.drain(..).map(|rule| (rule_comment(&name, &rule), rule)).collect();
 
     let by_service = |a: &Option<String>, b: &Option<String>| match (a, b) {
         (Some(a), Some(b)) => service_name(a) < service_name(b),
@@ -713,15 +634,9 @@ mod tests {
     /// Strips the common indentation of a multi-line literal and its leading newline.
     fn dedent(text: &str) -> String {
         let text = text.strip_prefix('\n').unwrap_or(text).trim_end();
-        let indent = text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| l.len() - l.trim_start().len())
-            .min()
-            .unwrap_or(0);
-        text.lines()
-            .map(|l| format!("{}\n", l.get(indent..).unwrap_or("").trim_end()))
-            .collect()
+        let indent =
+            text.lines().filter(|l| !l.trim().is_empty()).map(|l| l.len() - l.trim_start().len()).min().unwrap_or(0);
+        text.lines().map(|l| format!("{}\n", l.get(indent..).unwrap_or("").trim_end())).collect()
     }
 
     // Upstream's TestSortIPTablesRules "basic test using each match type", condensed.
@@ -824,10 +739,7 @@ mod tests {
     #[test]
     fn tables_sorted_by_name() {
         let input = "*nat\n:KUBE-B - [0:0]\nCOMMIT\n*mangle\nCOMMIT\n*filter\nCOMMIT\n";
-        assert_eq!(
-            canonicalize(input).unwrap(),
-            "*filter\nCOMMIT\n*mangle\nCOMMIT\n*nat\n:KUBE-B - [0:0]\nCOMMIT\n"
-        );
+        assert_eq!(canonicalize(input).unwrap(), "*filter\nCOMMIT\n*mangle\nCOMMIT\n*nat\n:KUBE-B - [0:0]\nCOMMIT\n");
     }
 
     #[test]
@@ -892,8 +804,8 @@ mod tests {
         assert_eq!(
             order,
             vec![
-                "1 line 1", "1 line 2", "1 line 3", "2 line 1", "2 line 2", "2 line 3", "3 line 1",
-                "3 line 2", "3 line 3", "4 line 1", "4 line 2", "4 line 3",
+                "1 line 1", "1 line 2", "1 line 3", "2 line 1", "2 line 2", "2 line 3", "3 line 1", "3 line 2",
+                "3 line 3", "4 line 1", "4 line 2", "4 line 3",
             ]
         );
     }
@@ -918,10 +830,7 @@ mod tests {
         let dump = Dump::parse(&input).unwrap();
         let mut sorted = dump.clone();
         sorted.sort_canonical();
-        assert_eq!(
-            sorted.chain("nat", "KUBE-SVC-A").unwrap().rules,
-            dump.chain("nat", "KUBE-SVC-A").unwrap().rules
-        );
+        assert_eq!(sorted.chain("nat", "KUBE-SVC-A").unwrap().rules, dump.chain("nat", "KUBE-SVC-A").unwrap().rules);
         assert_eq!(
             sorted.chain("mangle", "KUBE-SERVICES").unwrap().rules,
             dump.chain("mangle", "KUBE-SERVICES").unwrap().rules
@@ -973,24 +882,13 @@ mod tests {
         );
         let dump = Dump::parse(&save).unwrap();
         let pre = dump.chain("nat", "PREROUTING").unwrap();
-        assert_eq!(
-            (pre.policy.as_str(), pre.packets, pre.bytes),
-            ("ACCEPT", 10, 600)
-        );
+        assert_eq!((pre.policy.as_str(), pre.packets, pre.bytes), ("ACCEPT", 10, 600));
         assert_eq!(
             pre.rule_lines(),
             vec!["-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string()]
         );
-        assert_eq!(
-            pre.rules,
-            vec![
-                "-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string()
-            ]
-        );
-        assert_eq!(
-            rule_comment("PREROUTING", &pre.rules[0]).as_deref(),
-            Some("kubernetes service portals")
-        );
+        assert_eq!(pre.rules, vec!["-m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string()]);
+        assert_eq!(rule_comment("PREROUTING", &pre.rules[0]).as_deref(), Some("kubernetes service portals"));
         assert!(dump.chain("nat", "OUTPUT").is_none());
         assert!(dump.chain("filter", "PREROUTING").is_none());
         assert!(dump.to_string().contains(":PREROUTING ACCEPT [10:600]\n"));
@@ -1020,59 +918,27 @@ mod tests {
     #[test]
     fn parse_errors_name_their_line() {
         let e = err("\n*nat\n:A - [0:0]\n-A B -j ACCEPT\nCOMMIT\n");
-        assert!(
-            matches!(&e, DumpError::UndeclaredChain { chain, .. } if chain == "B"),
-            "{e}"
-        );
+        assert!(matches!(&e, DumpError::UndeclaredChain { chain, .. } if chain == "B"), "{e}");
         assert_eq!(e.line(), Some(4));
 
         let e = err("*nat\n:A - [0:0]\n-X A\n-A A -j ACCEPT\nCOMMIT\n");
-        assert!(
-            matches!(e, DumpError::RuleInDeletedChain { line: 4, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, DumpError::RuleInDeletedChain { line: 4, .. }), "{e}");
 
         let e = err("*nat\n:A - [0:0]\n-A A -j ACCEPT\n-X A\nCOMMIT\n");
-        assert!(
-            matches!(e, DumpError::DeleteAfterRules { line: 4, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, DumpError::DeleteAfterRules { line: 4, .. }), "{e}");
 
         let e = err("*nat\n:A - [0:0]\n-X B\nCOMMIT\n");
-        assert!(
-            matches!(e, DumpError::UndeclaredChain { line: 3, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, DumpError::UndeclaredChain { line: 3, .. }), "{e}");
 
         let e = err("*nat\n:A - [0:0]\n-A A -j ACCEPT\n");
         assert!(matches!(e, DumpError::MissingCommit { line: 1, .. }), "{e}");
         assert!(e.to_string().contains("no COMMIT"));
 
         let e = err(":A - [0:0]\n");
-        assert!(
-            matches!(
-                e,
-                DumpError::ExpectedTable {
-                    line: 1,
-                    index: 1,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, DumpError::ExpectedTable { line: 1, index: 1, .. }), "{e}");
 
         let e = err("*nat\nCOMMIT\n-A A -j ACCEPT\n");
-        assert!(
-            matches!(
-                e,
-                DumpError::ExpectedTable {
-                    line: 3,
-                    index: 2,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, DumpError::ExpectedTable { line: 3, index: 2, .. }), "{e}");
 
         // Chain declarations after the first rule are not accepted.
         let e = err("*nat\n:A - [0:0]\n-A A -j ACCEPT\n:B - [0:0]\nCOMMIT\n");
@@ -1085,32 +951,18 @@ mod tests {
         assert!(matches!(e, DumpError::Unparseable { line: 3, .. }), "{e}");
 
         let e = err("*\nCOMMIT\n");
-        assert!(
-            matches!(e, DumpError::EmptyTableName { line: 1, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, DumpError::EmptyTableName { line: 1, .. }), "{e}");
 
         let e = err("*nat\n: - [0:0]\nCOMMIT\n");
-        assert!(
-            matches!(e, DumpError::EmptyChainName { line: 2, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, DumpError::EmptyChainName { line: 2, .. }), "{e}");
 
-        assert!(matches!(
-            Dump::parse_bytes(b"*nat\n\xff\n"),
-            Err(DumpError::NotUtf8 { offset: 5 })
-        ));
+        assert!(matches!(Dump::parse_bytes(b"*nat\n\xff\n"), Err(DumpError::NotUtf8 { offset: 5 })));
     }
 
     #[test]
     fn chains_are_per_table() {
-        let e = err(
-            "*filter\n:KUBE-A - [0:0]\nCOMMIT\n*nat\n:KUBE-B - [0:0]\n-A KUBE-A -j ACCEPT\nCOMMIT\n",
-        );
-        assert!(
-            matches!(&e, DumpError::UndeclaredChain { line: 6, table, .. } if table == "nat"),
-            "{e}"
-        );
+        let e = err("*filter\n:KUBE-A - [0:0]\nCOMMIT\n*nat\n:KUBE-B - [0:0]\n-A KUBE-A -j ACCEPT\nCOMMIT\n");
+        assert!(matches!(&e, DumpError::UndeclaredChain { line: 6, table, .. } if table == "nat"), "{e}");
     }
 
     #[test]
@@ -1124,7 +976,9 @@ mod tests {
             text.push_str(&format!(
                 "-A KUBE-SERVICES -m comment --comment \"ns/svc{i:05}:p cluster IP\" -j KUBE-SVC-{i:016}\n"
             ));
-            text.push_str(&format!("-A KUBE-SVC-{i:016} -m comment --comment ns/svc{i:05}:p -j DNAT --to-destination 10.0.0.1:80\n"));
+            text.push_str(&format!(
+                "-A KUBE-SVC-{i:016} -m comment --comment ns/svc{i:05}:p -j DNAT --to-destination 10.0.0.1:80\n"
+            ));
         }
         text.push_str("COMMIT\n");
         let dump = Dump::parse(&text).unwrap();
@@ -1146,10 +1000,7 @@ mod tests {
         );
 
         let e = err("*nat\n:A - [0:0]\n-A A ! -j ACCEPT\nCOMMIT\n");
-        assert!(
-            matches!(&e, DumpError::BadRule { reason, .. } if reason.contains("cannot negate")),
-            "{e}"
-        );
+        assert!(matches!(&e, DumpError::BadRule { reason, .. } if reason.contains("cannot negate")), "{e}");
 
         // Negatable parameters and flags are fine; unknown parameters are skipped.
         Dump::parse(
@@ -1160,33 +1011,19 @@ mod tests {
 
     #[test]
     fn rule_comment_extraction() {
-        assert_eq!(
-            rule_comment("X", "-m comment --comment \"a b\" -j Y").as_deref(),
-            Some("a b")
-        );
-        assert_eq!(
-            rule_comment("X", "-m comment --comment a/b:c -j Y").as_deref(),
-            Some("a/b:c")
-        );
+        assert_eq!(rule_comment("X", "-m comment --comment \"a b\" -j Y").as_deref(), Some("a b"));
+        assert_eq!(rule_comment("X", "-m comment --comment a/b:c -j Y").as_deref(), Some("a/b:c"));
         assert_eq!(rule_comment("X", "-j Y"), None);
         // The value of a known parameter is never mistaken for a parameter.
         assert_eq!(rule_comment("X", "--name --comment -j Y"), None);
         // Last one wins, as in upstream's reflection-based parser.
-        assert_eq!(
-            rule_comment("X", "--comment a --comment b").as_deref(),
-            Some("b")
-        );
+        assert_eq!(rule_comment("X", "--comment a --comment b").as_deref(), Some("b"));
     }
 
     #[test]
     fn whitespace_and_blank_lines_are_tolerated() {
-        let dump =
-            Dump::parse("\n\n  *nat  \n\t:A - [0:0]\n\n# c\n  -A A -j ACCEPT  \n COMMIT\n\n")
-                .unwrap();
-        assert_eq!(
-            dump.to_string(),
-            "*nat\n:A - [0:0]\n-A A -j ACCEPT\nCOMMIT\n"
-        );
+        let dump = Dump::parse("\n\n  *nat  \n\t:A - [0:0]\n\n# c\n  -A A -j ACCEPT  \n COMMIT\n\n").unwrap();
+        assert_eq!(dump.to_string(), "*nat\n:A - [0:0]\n-A A -j ACCEPT\nCOMMIT\n");
     }
 
     /// A comparison-inconsistent ordering: rules without comments are "equal" to everything.
@@ -1208,17 +1045,9 @@ mod tests {
         );
         let mut dump = Dump::parse(&input).unwrap();
         dump.sort_canonical();
-        let targets: Vec<&str> = dump
-            .chain("nat", "KUBE-NODEPORTS")
-            .unwrap()
-            .rules
-            .iter()
-            .filter_map(|r| r.rsplit(' ').next())
-            .collect();
-        assert_eq!(
-            targets,
-            vec!["KUBE-SVC-C", "KUBE-SVC-NONE", "KUBE-SVC-A", "KUBE-SVC-B"]
-        );
+        let targets: Vec<&str> =
+            dump.chain("nat", "KUBE-NODEPORTS").unwrap().rules.iter().filter_map(|r| r.rsplit(' ').next()).collect();
+        assert_eq!(targets, vec!["KUBE-SVC-C", "KUBE-SVC-NONE", "KUBE-SVC-A", "KUBE-SVC-B"]);
     }
 
     /// For a proper strict weak order Go's algorithm is just a stable sort; check it against

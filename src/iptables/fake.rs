@@ -171,18 +171,12 @@ struct OpError {
 impl OpError {
     /// Exit status 1: the operation failed (missing chain, chain in use, ...).
     fn resource(message: impl Into<String>) -> Self {
-        OpError {
-            status: 1,
-            message: message.into(),
-        }
+        OpError { status: 1, message: message.into() }
     }
 
     /// Exit status 2: bad parameters.
     fn param(message: impl Into<String>) -> Self {
-        OpError {
-            status: 2,
-            message: message.into(),
-        }
+        OpError { status: 2, message: message.into() }
     }
 }
 
@@ -191,10 +185,7 @@ type OpResult<T> = std::result::Result<T, OpError>;
 impl FakeIptables {
     /// A fake with empty built-in chains, `present()` true and `has_random_fully()` false.
     pub fn new(family: IpFamily) -> Self {
-        let tables = ALL_TABLES
-            .iter()
-            .map(|&t| (t, TableState::new(t)))
-            .collect();
+        let tables = ALL_TABLES.iter().map(|&t| (t, TableState::new(t))).collect();
         FakeIptables {
             family,
             inner: Mutex::new(Inner {
@@ -238,14 +229,7 @@ impl FakeIptables {
 
     /// The error a failed single `iptables` command returns; `args` as upstream's
     /// `makeFullArgs` lays them out (`-X CHAIN -t table ...`).
-    fn command_error(
-        &self,
-        op: &str,
-        table: Table,
-        chain: &str,
-        args: &[&str],
-        err: OpError,
-    ) -> IptablesError {
+    fn command_error(&self, op: &str, table: Table, chain: &str, args: &[&str], err: OpError) -> IptablesError {
         let mut full = format!("{op} {chain} -t {table}");
         if !args.is_empty() {
             full.push(' ');
@@ -324,13 +308,7 @@ impl FakeIptables {
     /// or consulting scripted failures: for setting up a starting state.
     pub fn seed(&self, data: &[u8]) -> Result<()> {
         let mut inner = self.lock();
-        let tables = self.apply_restore(
-            &inner.tables,
-            None,
-            data,
-            FlushFlag::NoFlush,
-            RestoreCounters::NoCounters,
-        )?;
+        let tables = self.apply_restore(&inner.tables, None, data, FlushFlag::NoFlush, RestoreCounters::NoCounters)?;
         inner.tables = tables;
         Ok(())
     }
@@ -346,11 +324,7 @@ impl FakeIptables {
     /// user chains alphabetically.
     pub fn chains(&self, table: Table) -> Vec<String> {
         let inner = self.lock();
-        inner
-            .tables
-            .get(&table)
-            .map(|t| t.ordered_names())
-            .unwrap_or_default()
+        inner.tables.get(&table).map(|t| t.ordered_names()).unwrap_or_default()
     }
 
     /// The policy of `chain` (`-` for user chains), or `None` if it does not exist.
@@ -407,10 +381,7 @@ impl FakeIptables {
 
             if let Some(name) = line.strip_prefix('*') {
                 if let Some(open) = current {
-                    return Err(line_error(
-                        line_no,
-                        format!("table {open} was not committed before {line:?}"),
-                    ));
+                    return Err(line_error(line_no, format!("table {open} was not committed before {line:?}")));
                 }
                 let name = name.split_whitespace().next().unwrap_or("");
                 if let Some(only) = only
@@ -435,20 +406,14 @@ impl FakeIptables {
             }
 
             let Some(table) = current else {
-                return Err(line_error(
-                    line_no,
-                    format!("{line:?} is outside a table (missing *table line?)"),
-                ));
+                return Err(line_error(line_no, format!("{line:?} is outside a table (missing *table line?)")));
             };
             if line == "COMMIT" {
                 current = None;
                 continue;
             }
             let Some(state) = work.get_mut(&table) else {
-                return Err(line_error(
-                    line_no,
-                    format!("table {table} is not modelled"),
-                ));
+                return Err(line_error(line_no, format!("table {table} is not modelled")));
             };
             let result = match line.strip_prefix(':') {
                 Some(declaration) => state.declare(declaration, flush),
@@ -458,10 +423,7 @@ impl FakeIptables {
         }
 
         if let Some(open) = current {
-            return Err(line_error(
-                lines.len() + 1,
-                format!("COMMIT expected (table {open} was not committed)"),
-            ));
+            return Err(line_error(lines.len() + 1, format!("COMMIT expected (table {open} was not committed)")));
         }
         Ok(work)
     }
@@ -518,28 +480,20 @@ impl Iptables for FakeIptables {
         if state.chains.contains_key(chain) {
             return Ok(true);
         }
-        state
-            .create_chain(chain)
-            .map_err(|e| self.command_error("-N", table, chain, &[], e))?;
+        state.create_chain(chain).map_err(|e| self.command_error("-N", table, chain, &[], e))?;
         Ok(false)
     }
 
     fn flush_chain(&self, table: Table, chain: &str) -> Result<()> {
         let mut inner = self.lock();
         inner.calls.push(format!("flush_chain {table} {chain}"));
-        inner
-            .table_mut(table)
-            .flush_chain(chain)
-            .map_err(|e| self.command_error("-F", table, chain, &[], e))
+        inner.table_mut(table).flush_chain(chain).map_err(|e| self.command_error("-F", table, chain, &[], e))
     }
 
     fn delete_chain(&self, table: Table, chain: &str) -> Result<()> {
         let mut inner = self.lock();
         inner.calls.push(format!("delete_chain {table} {chain}"));
-        inner
-            .table_mut(table)
-            .delete_chain(chain)
-            .map_err(|e| self.command_error("-X", table, chain, &[], e))
+        inner.table_mut(table).delete_chain(chain).map_err(|e| self.command_error("-X", table, chain, &[], e))
     }
 
     fn chain_exists(&self, table: Table, chain: &str) -> Result<bool> {
@@ -548,19 +502,10 @@ impl Iptables for FakeIptables {
         Ok(inner.table_mut(table).chains.contains_key(chain))
     }
 
-    fn ensure_rule(
-        &self,
-        position: RulePosition,
-        table: Table,
-        chain: &str,
-        args: &[&str],
-    ) -> Result<bool> {
+    fn ensure_rule(&self, position: RulePosition, table: Table, chain: &str, args: &[&str]) -> Result<bool> {
         let mut inner = self.lock();
         let text = render_args(args.iter().copied());
-        inner.calls.push(format!(
-            "ensure_rule {} {table} {chain} {text}",
-            position.flag()
-        ));
+        inner.calls.push(format!("ensure_rule {} {table} {chain} {text}", position.flag()));
         let state = inner.table_mut(table);
         let owned: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         if state.find_rule(chain, &owned).is_some() {
@@ -578,10 +523,7 @@ impl Iptables for FakeIptables {
 
     fn delete_rule(&self, table: Table, chain: &str, args: &[&str]) -> Result<()> {
         let mut inner = self.lock();
-        inner.calls.push(format!(
-            "delete_rule {table} {chain} {}",
-            render_args(args.iter().copied())
-        ));
+        inner.calls.push(format!("delete_rule {table} {chain} {}", render_args(args.iter().copied())));
         let state = inner.table_mut(table);
         let owned: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         if let Some(index) = state.find_rule(chain, &owned) {
@@ -610,13 +552,7 @@ impl Iptables for FakeIptables {
         Ok(())
     }
 
-    fn restore(
-        &self,
-        table: Table,
-        data: &[u8],
-        flush: FlushFlag,
-        counters: RestoreCounters,
-    ) -> Result<()> {
+    fn restore(&self, table: Table, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> Result<()> {
         self.restore_internal(Some(table), data, flush, counters)
     }
 
@@ -635,9 +571,7 @@ impl Iptables for FakeIptables {
 
 impl Inner {
     fn table_mut(&mut self, table: Table) -> &mut TableState {
-        self.tables
-            .entry(table)
-            .or_insert_with(|| TableState::new(table))
+        self.tables.entry(table).or_insert_with(|| TableState::new(table))
     }
 }
 
@@ -646,19 +580,11 @@ impl TableState {
         let chains = builtin_chains(table)
             .iter()
             .map(|name| {
-                let chain = ChainState {
-                    builtin: true,
-                    policy: "ACCEPT".to_string(),
-                    rules: Vec::new(),
-                };
+                let chain = ChainState { builtin: true, policy: "ACCEPT".to_string(), rules: Vec::new() };
                 (name.to_string(), chain)
             })
             .collect();
-        TableState {
-            table,
-            chains,
-            references: HashMap::new(),
-        }
+        TableState { table, chains, references: HashMap::new() }
     }
 
     fn ordered_names(&self) -> Vec<String> {
@@ -667,12 +593,7 @@ impl TableState {
             .filter(|n| self.chains.contains_key(**n))
             .map(|n| n.to_string())
             .collect();
-        names.extend(
-            self.chains
-                .iter()
-                .filter(|(_, c)| !c.builtin)
-                .map(|(n, _)| n.clone()),
-        );
+        names.extend(self.chains.iter().filter(|(_, c)| !c.builtin).map(|(n, _)| n.clone()));
         names
     }
 
@@ -700,15 +621,11 @@ impl TableState {
     }
 
     fn chain(&self, chain: &str) -> OpResult<&ChainState> {
-        self.chains
-            .get(chain)
-            .ok_or_else(|| OpError::resource(format!("chain `{chain}' does not exist")))
+        self.chains.get(chain).ok_or_else(|| OpError::resource(format!("chain `{chain}' does not exist")))
     }
 
     fn chain_mut(&mut self, chain: &str) -> OpResult<&mut ChainState> {
-        self.chains
-            .get_mut(chain)
-            .ok_or_else(|| OpError::resource(format!("chain `{chain}' does not exist")))
+        self.chains.get_mut(chain).ok_or_else(|| OpError::resource(format!("chain `{chain}' does not exist")))
     }
 
     fn create_chain(&mut self, chain: &str) -> OpResult<()> {
@@ -716,14 +633,8 @@ impl TableState {
         if self.chains.contains_key(chain) {
             return Err(OpError::resource(format!("chain `{chain}' already exists")));
         }
-        self.chains.insert(
-            chain.to_string(),
-            ChainState {
-                builtin: false,
-                policy: "-".to_string(),
-                rules: Vec::new(),
-            },
-        );
+        self.chains
+            .insert(chain.to_string(), ChainState { builtin: false, policy: "-".to_string(), rules: Vec::new() });
         Ok(())
     }
 
@@ -751,9 +662,7 @@ impl TableState {
     fn delete_chain(&mut self, chain: &str) -> OpResult<()> {
         let state = self.chain(chain)?;
         if state.builtin {
-            return Err(OpError::param(format!(
-                "cannot delete built-in chain `{chain}'"
-            )));
+            return Err(OpError::param(format!("cannot delete built-in chain `{chain}'")));
         }
         if !state.rules.is_empty() {
             return Err(OpError::resource(format!(
@@ -775,25 +684,17 @@ impl TableState {
         let builtin = self.is_builtin(chain);
         let state = self.chain_mut(chain)?;
         if !builtin {
-            return Err(OpError::param(format!(
-                "can't set policy `{policy}' on `{chain}': Bad built-in chain name"
-            )));
+            return Err(OpError::param(format!("can't set policy `{policy}' on `{chain}': Bad built-in chain name")));
         }
         if policy != "ACCEPT" && policy != "DROP" {
-            return Err(OpError::param(format!(
-                "bad policy name `{policy}' for `{chain}'"
-            )));
+            return Err(OpError::param(format!("bad policy name `{policy}' for `{chain}'")));
         }
         state.policy = policy.to_string();
         Ok(())
     }
 
     fn find_rule(&self, chain: &str, args: &[String]) -> Option<usize> {
-        self.chains
-            .get(chain)?
-            .rules
-            .iter()
-            .position(|r| r.args == args)
+        self.chains.get(chain)?.rules.iter().position(|r| r.args == args)
     }
 
     /// Checks that a rule's target can be used in this table.
@@ -802,26 +703,16 @@ impl TableState {
             return Ok(());
         }
         match self.chains.get(&target.name) {
-            Some(chain) if chain.builtin => Err(OpError::param(format!(
-                "cannot jump to built-in chain `{}'",
-                target.name
-            ))),
+            Some(chain) if chain.builtin => {
+                Err(OpError::param(format!("cannot jump to built-in chain `{}'", target.name)))
+            }
             Some(_) => Ok(()),
-            None => Err(OpError::param(format!(
-                "Couldn't load target `{}': No such file or directory",
-                target.name
-            ))),
+            None => Err(OpError::param(format!("Couldn't load target `{}': No such file or directory", target.name))),
         }
     }
 
     /// Inserts a rule at `index` (0-based; `index == len` appends).
-    fn insert_rule(
-        &mut self,
-        chain: &str,
-        index: usize,
-        args: Vec<String>,
-        text: String,
-    ) -> OpResult<()> {
+    fn insert_rule(&mut self, chain: &str, index: usize, args: Vec<String>, text: String) -> OpResult<()> {
         let target = rule_target(&args)?;
         self.chain(chain)?;
         if let Some(target) = &target {
@@ -835,14 +726,7 @@ impl TableState {
             )));
         }
         let target = target.map(|t| t.name);
-        state.rules.insert(
-            index,
-            RuleState {
-                args,
-                text,
-                target: target.clone(),
-            },
-        );
+        state.rules.insert(index, RuleState { args, text, target: target.clone() });
         if let Some(target) = target {
             *self.references.entry(target).or_insert(0) += 1;
         }
@@ -872,30 +756,20 @@ impl TableState {
         let mut words = declaration.split_whitespace();
         let name = words.next().unwrap_or("");
         let Some(policy) = words.next() else {
-            return Err(OpError::param(format!(
-                "bad policy name in chain declaration `:{declaration}'"
-            )));
+            return Err(OpError::param(format!("bad policy name in chain declaration `:{declaration}'")));
         };
         if let Some(counters) = words.next() {
             parse_counters(counters)?;
         }
         if let Some(extra) = words.next() {
-            return Err(OpError::param(format!(
-                "unexpected `{extra}' in chain declaration"
-            )));
+            return Err(OpError::param(format!("unexpected `{extra}' in chain declaration")));
         }
 
         if self.is_builtin(name) {
-            return if policy == "-" {
-                Ok(())
-            } else {
-                self.set_policy(name, policy)
-            };
+            return if policy == "-" { Ok(()) } else { self.set_policy(name, policy) };
         }
         if policy != "-" {
-            return Err(OpError::param(format!(
-                "can't set policy `{policy}' on `{name}': Bad built-in chain name"
-            )));
+            return Err(OpError::param(format!("can't set policy `{policy}' on `{name}': Bad built-in chain name")));
         }
         if self.chains.contains_key(name) && flush == FlushFlag::NoFlush {
             return self.flush_chain(name);
@@ -909,34 +783,23 @@ impl TableState {
         let mut line = line;
         if args.first().is_some_and(|a| a.starts_with('[')) {
             if counters == RestoreCounters::NoCounters {
-                return Err(OpError::param(format!(
-                    "bad argument `{}' (counters need --counters)",
-                    args[0]
-                )));
+                return Err(OpError::param(format!("bad argument `{}' (counters need --counters)", args[0])));
             }
             parse_counters(&args[0])?;
             args.remove(0);
             line = skip_words(line, 1);
         }
         if args.iter().any(|a| a == "-t" || a == "--table") {
-            return Err(OpError::param(
-                "the -t option cannot be used in iptables-restore",
-            ));
+            return Err(OpError::param("the -t option cannot be used in iptables-restore"));
         }
 
         let Some(op) = args.first().cloned() else {
             return Err(OpError::param("no command specified"));
         };
         let chain_arg = args.get(1).cloned();
-        let need_chain = || {
-            chain_arg
-                .clone()
-                .ok_or_else(|| OpError::param(format!("option `{op}' requires a chain")))
-        };
+        let need_chain = || chain_arg.clone().ok_or_else(|| OpError::param(format!("option `{op}' requires a chain")));
         let no_extra = |count: usize| match args.get(count) {
-            Some(extra) => Err(OpError::param(format!(
-                "unexpected argument `{extra}' after `{op}'"
-            ))),
+            Some(extra) => Err(OpError::param(format!("unexpected argument `{extra}' after `{op}'"))),
             None => Ok(()),
         };
 
@@ -972,9 +835,9 @@ impl TableState {
                         }
                         n - 1
                     }
-                    _ => self.find_rule(&chain, &args[2..]).ok_or_else(|| {
-                        OpError::resource("Bad rule (does a matching rule exist in that chain?)")
-                    })?,
+                    _ => self
+                        .find_rule(&chain, &args[2..])
+                        .ok_or_else(|| OpError::resource("Bad rule (does a matching rule exist in that chain?)"))?,
                 };
                 self.remove_rule(&chain, index);
                 Ok(())
@@ -985,9 +848,7 @@ impl TableState {
                 let number = match args.get(2).map(|a| a.parse::<usize>()) {
                     Some(Ok(n)) if n >= 1 && n <= len => n,
                     _ => {
-                        return Err(OpError::param(format!(
-                            "-R needs a rule number between 1 and {len}"
-                        )));
+                        return Err(OpError::param(format!("-R needs a rule number between 1 and {len}")));
                     }
                 };
                 let rule = args[3..].to_vec();
@@ -1005,12 +866,8 @@ impl TableState {
                 match chain_arg {
                     Some(chain) => self.delete_chain(&chain),
                     None => {
-                        let user: Vec<String> = self
-                            .chains
-                            .iter()
-                            .filter(|(_, c)| !c.builtin)
-                            .map(|(n, _)| n.clone())
-                            .collect();
+                        let user: Vec<String> =
+                            self.chains.iter().filter(|(_, c)| !c.builtin).map(|(n, _)| n.clone()).collect();
                         user.iter().try_for_each(|chain| self.delete_chain(chain))
                     }
                 }
@@ -1055,16 +912,11 @@ fn validate_chain_name(chain: &str) -> OpResult<()> {
             MAX_CHAIN_NAME_LEN + 1
         )));
     }
-    if chain.starts_with('-')
-        || chain.starts_with('!')
-        || chain.chars().any(|c| c.is_whitespace() || c == '"')
-    {
+    if chain.starts_with('-') || chain.starts_with('!') || chain.chars().any(|c| c.is_whitespace() || c == '"') {
         return Err(OpError::param(format!("invalid chain name `{chain}'")));
     }
     if TARGETS.contains(&chain) {
-        return Err(OpError::param(format!(
-            "chain name `{chain}' may not clash with target name"
-        )));
+        return Err(OpError::param(format!("chain name `{chain}' may not clash with target name")));
     }
     Ok(())
 }
@@ -1075,11 +927,7 @@ fn parse_counters(word: &str) -> OpResult<()> {
         .and_then(|w| w.strip_suffix(']'))
         .and_then(|w| w.split_once(':'))
         .is_some_and(|(p, b)| p.parse::<u64>().is_ok() && b.parse::<u64>().is_ok());
-    if valid {
-        Ok(())
-    } else {
-        Err(OpError::param(format!("bad counters `{word}'")))
-    }
+    if valid { Ok(()) } else { Err(OpError::param(format!("bad counters `{word}'"))) }
 }
 
 /// A rule's jump (`-j`) or goto (`-g`) target.
@@ -1105,15 +953,9 @@ fn rule_target(args: &[String]) -> OpResult<Option<Target>> {
             }
         };
         let Some(name) = args.get(i + 1) else {
-            return Err(OpError::param(format!(
-                "option `{}' requires an argument",
-                args[i]
-            )));
+            return Err(OpError::param(format!("option `{}' requires an argument", args[i])));
         };
-        target = Some(Target {
-            name: name.clone(),
-            goto,
-        });
+        target = Some(Target { name: name.clone(), goto });
         i += 2;
     }
     Ok(target)
@@ -1164,10 +1006,7 @@ fn tokenize(line: &str) -> OpResult<Vec<String>> {
 /// Renders arguments back into restore syntax, quoting only what needs it.
 fn render_args<'a>(args: impl Iterator<Item = &'a str>) -> String {
     args.map(|arg| {
-        let plain = !arg.is_empty()
-            && !arg
-                .chars()
-                .any(|c| c.is_whitespace() || c == '"' || c == '\\');
+        let plain = !arg.is_empty() && !arg.chars().any(|c| c.is_whitespace() || c == '"' || c == '\\');
         if plain {
             arg.to_string()
         } else {
@@ -1200,11 +1039,7 @@ fn skip_words(line: &str, count: usize) -> &str {
 /// The text of a rule after its command words, as written when the command words are plain
 /// (they always are in practice), otherwise rendered from the arguments.
 fn rule_text(line: &str, command_words: usize, args: &[String]) -> String {
-    if line
-        .split_whitespace()
-        .take(command_words)
-        .any(|w| w.contains('"'))
-    {
+    if line.split_whitespace().take(command_words).any(|w| w.contains('"')) {
         render_args(args.iter().map(String::as_str))
     } else {
         skip_words(line, command_words).trim_end().to_string()
@@ -1239,11 +1074,7 @@ mod tests {
     }
 
     fn restore_all(f: &FakeIptables, text: &str) -> Result<()> {
-        f.restore_all(
-            text.as_bytes(),
-            FlushFlag::NoFlush,
-            RestoreCounters::Counters,
-        )
+        f.restore_all(text.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters)
     }
 
     const BASE: &str = "*filter
@@ -1271,22 +1102,10 @@ COMMIT
     #[test]
     fn starts_with_builtin_chains() {
         let f = fake();
-        assert_eq!(
-            f.chains(Table::Filter),
-            strings(&["INPUT", "FORWARD", "OUTPUT"])
-        );
-        assert_eq!(
-            f.chains(Table::Nat),
-            strings(&["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"])
-        );
-        assert_eq!(
-            f.chains(Table::Mangle),
-            strings(&["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"])
-        );
-        assert_eq!(
-            f.policy(Table::Nat, "PREROUTING").as_deref(),
-            Some("ACCEPT")
-        );
+        assert_eq!(f.chains(Table::Filter), strings(&["INPUT", "FORWARD", "OUTPUT"]));
+        assert_eq!(f.chains(Table::Nat), strings(&["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"]));
+        assert_eq!(f.chains(Table::Mangle), strings(&["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"]));
+        assert_eq!(f.policy(Table::Nat, "PREROUTING").as_deref(), Some("ACCEPT"));
         assert_eq!(f.rules(Table::Nat, "PREROUTING"), Some(vec![]));
         assert_eq!(f.rules(Table::Nat, "FORWARD"), None);
         assert!(f.present());
@@ -1355,10 +1174,7 @@ COMMIT
         let mut nat = Vec::new();
         f.save_into(Table::Nat, &mut nat).unwrap();
         let dump = Dump::parse_bytes(&nat).unwrap();
-        assert_eq!(
-            dump.chain("nat", "KUBE-SVC-AAA").unwrap().rules,
-            f.rules(Table::Nat, "KUBE-SVC-AAA").unwrap()
-        );
+        assert_eq!(dump.chain("nat", "KUBE-SVC-AAA").unwrap().rules, f.rules(Table::Nat, "KUBE-SVC-AAA").unwrap());
         let chains = crate::iptables::save::chains_from_table(&nat);
         assert!(chains.contains("KUBE-SEP-111") && chains.contains("PREROUTING"));
         // save_into appends.
@@ -1372,13 +1188,7 @@ COMMIT
     fn noflush_leaves_undeclared_chains_alone() {
         let f = fake();
         restore_all(&f, BASE).unwrap();
-        f.ensure_rule(
-            RulePosition::Append,
-            Table::Nat,
-            "PREROUTING",
-            &["-j", "KUBE-SERVICES"],
-        )
-        .unwrap();
+        f.ensure_rule(RulePosition::Append, Table::Nat, "PREROUTING", &["-j", "KUBE-SERVICES"]).unwrap();
         // Redeclare KUBE-SERVICES only: it is flushed and refilled; KUBE-SVC-AAA, KUBE-SEP-111
         // and the built-in PREROUTING keep their rules.
         restore_all(
@@ -1386,16 +1196,10 @@ COMMIT
             "*nat\n:KUBE-SERVICES - [0:0]\n:PREROUTING ACCEPT [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-AAA\nCOMMIT\n",
         )
         .unwrap();
-        assert_eq!(
-            f.rules(Table::Nat, "KUBE-SERVICES").unwrap(),
-            strings(&["-j KUBE-SVC-AAA"])
-        );
+        assert_eq!(f.rules(Table::Nat, "KUBE-SERVICES").unwrap(), strings(&["-j KUBE-SVC-AAA"]));
         assert_eq!(f.rules(Table::Nat, "KUBE-SVC-AAA").unwrap().len(), 1);
         assert_eq!(f.rules(Table::Nat, "KUBE-SEP-111").unwrap().len(), 2);
-        assert_eq!(
-            f.rules(Table::Nat, "PREROUTING").unwrap(),
-            strings(&["-j KUBE-SERVICES"])
-        );
+        assert_eq!(f.rules(Table::Nat, "PREROUTING").unwrap(), strings(&["-j KUBE-SERVICES"]));
         // The filter table was not in the payload at all.
         assert_eq!(f.rules(Table::Filter, "KUBE-FORWARD").unwrap().len(), 1);
     }
@@ -1404,23 +1208,9 @@ COMMIT
     fn flush_replaces_declared_tables_only() {
         let f = fake();
         restore_all(&f, BASE).unwrap();
-        f.ensure_rule(
-            RulePosition::Append,
-            Table::Nat,
-            "PREROUTING",
-            &["-j", "KUBE-SERVICES"],
-        )
-        .unwrap();
-        f.restore_all(
-            b"*nat\n:KUBE-NEW - [0:0]\nCOMMIT\n",
-            FlushFlag::Flush,
-            RestoreCounters::NoCounters,
-        )
-        .unwrap();
-        assert_eq!(
-            f.chains(Table::Nat),
-            strings(&["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING", "KUBE-NEW"])
-        );
+        f.ensure_rule(RulePosition::Append, Table::Nat, "PREROUTING", &["-j", "KUBE-SERVICES"]).unwrap();
+        f.restore_all(b"*nat\n:KUBE-NEW - [0:0]\nCOMMIT\n", FlushFlag::Flush, RestoreCounters::NoCounters).unwrap();
+        assert_eq!(f.chains(Table::Nat), strings(&["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING", "KUBE-NEW"]));
         assert_eq!(f.rules(Table::Nat, "PREROUTING"), Some(vec![]));
         assert_eq!(f.rules(Table::Filter, "KUBE-FORWARD").unwrap().len(), 1);
         assert_eq!(f.calls().last().map(String::as_str), Some("restore_all"));
@@ -1429,24 +1219,13 @@ COMMIT
     #[test]
     fn restore_with_table_only_touches_that_table() {
         let f = fake();
-        f.restore(
-            Table::Filter,
-            BASE.as_bytes(),
-            FlushFlag::NoFlush,
-            RestoreCounters::NoCounters,
-        )
-        .unwrap();
+        f.restore(Table::Filter, BASE.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).unwrap();
         assert!(f.rules(Table::Filter, "KUBE-FORWARD").is_some());
         assert!(f.rules(Table::Nat, "KUBE-SVC-AAA").is_none());
         assert_eq!(f.calls(), strings(&["restore filter --noflush"]));
         // Sections for other tables are skipped even when they would fail.
-        f.restore(
-            Table::Filter,
-            b"*nat\n-A NOPE -j NOPE\nCOMMIT\n",
-            FlushFlag::NoFlush,
-            RestoreCounters::NoCounters,
-        )
-        .unwrap();
+        f.restore(Table::Filter, b"*nat\n-A NOPE -j NOPE\nCOMMIT\n", FlushFlag::NoFlush, RestoreCounters::NoCounters)
+            .unwrap();
     }
 
     #[test]
@@ -1476,15 +1255,9 @@ COMMIT
     fn error_line_numbers() {
         let cases: &[(&str, usize)] = &[
             ("*nat\n:KUBE-A - [0:0]\n-A KUBE-B -j ACCEPT\nCOMMIT\n", 3),
-            (
-                "# comment\n\n*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j KUBE-NOPE\nCOMMIT\n",
-                5,
-            ),
+            ("# comment\n\n*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j KUBE-NOPE\nCOMMIT\n", 5),
             ("*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j\nCOMMIT\n", 3),
-            (
-                "*nat\n:KUBE-A - [0:0]\n-A KUBE-A -m comment --comment \"open\nCOMMIT\n",
-                3,
-            ),
+            ("*nat\n:KUBE-A - [0:0]\n-A KUBE-A -m comment --comment \"open\nCOMMIT\n", 3),
             ("*nat\n:KUBE-A - [0:0]\n", 3),
             ("*nat\n:KUBE-A - [0:0]", 3),
             ("-A KUBE-A -j ACCEPT\n", 1),
@@ -1493,10 +1266,7 @@ COMMIT
             ("*nat\n:KUBE-A ACCEPT [0:0]\nCOMMIT\n", 2),
             ("*nat\n:PREROUTING BOGUS [0:0]\nCOMMIT\n", 2),
             ("*nat\n:KUBE-A\nCOMMIT\n", 2),
-            (
-                "*nat\n:KUBE-AAAAAAAAAAAAAAAAAAAAAAAAAAA - [0:0]\nCOMMIT\n",
-                2,
-            ),
+            ("*nat\n:KUBE-AAAAAAAAAAAAAAAAAAAAAAAAAAA - [0:0]\nCOMMIT\n", 2),
             ("*nat\n:DNAT - [0:0]\nCOMMIT\n", 2),
             ("*nat\n-X KUBE-NOT-THERE\nCOMMIT\n", 2),
             ("*nat\n-X PREROUTING\nCOMMIT\n", 2),
@@ -1515,23 +1285,9 @@ COMMIT
         ];
         for (payload, line) in cases {
             let f = fake();
-            let err = f
-                .restore_all(
-                    payload.as_bytes(),
-                    FlushFlag::NoFlush,
-                    RestoreCounters::NoCounters,
-                )
-                .unwrap_err();
-            assert_eq!(
-                err.restore_line(),
-                Some(*line),
-                "payload {payload:?}: {err}"
-            );
-            assert!(
-                err.to_string()
-                    .starts_with("iptables-restore: input error on line"),
-                "{err}"
-            );
+            let err = f.restore_all(payload.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).unwrap_err();
+            assert_eq!(err.restore_line(), Some(*line), "payload {payload:?}: {err}");
+            assert!(err.to_string().starts_with("iptables-restore: input error on line"), "{err}");
         }
     }
 
@@ -1539,9 +1295,7 @@ COMMIT
     fn ipv6_names_its_commands() {
         let f = FakeIptables::new(IpFamily::V6);
         let err = restore_all(&f, "*nat\n-A NOPE -j ACCEPT\nCOMMIT\n").unwrap_err();
-        assert!(
-            matches!(&err, IptablesError::RestoreLine { command, .. } if command == "ip6tables-restore")
-        );
+        assert!(matches!(&err, IptablesError::RestoreLine { command, .. } if command == "ip6tables-restore"));
         let err = f.flush_chain(Table::Nat, "NOPE").unwrap_err();
         assert!(matches!(&err, IptablesError::Failed { command, .. } if command == "ip6tables"));
     }
@@ -1551,18 +1305,13 @@ COMMIT
         let f = fake();
         restore_all(&f, BASE).unwrap();
         // Flushed but still jumped to from KUBE-SERVICES (not redeclared, so not flushed).
-        let err =
-            restore_all(&f, "*nat\n:KUBE-SVC-AAA - [0:0]\n-X KUBE-SVC-AAA\nCOMMIT\n").unwrap_err();
+        let err = restore_all(&f, "*nat\n:KUBE-SVC-AAA - [0:0]\n-X KUBE-SVC-AAA\nCOMMIT\n").unwrap_err();
         assert_eq!(err.restore_line(), Some(3));
         assert!(err.to_string().contains("referenced"), "{err}");
         assert_eq!(f.rules(Table::Nat, "KUBE-SVC-AAA").unwrap().len(), 1);
 
         // Not flushed first: the chain still has rules.
-        let err = restore_all(
-            &f,
-            "*nat\n:KUBE-SERVICES - [0:0]\n-X KUBE-SVC-AAA\nCOMMIT\n",
-        )
-        .unwrap_err();
+        let err = restore_all(&f, "*nat\n:KUBE-SERVICES - [0:0]\n-X KUBE-SVC-AAA\nCOMMIT\n").unwrap_err();
         assert!(err.to_string().contains("not empty"), "{err}");
 
         // What kube-proxy writes for stale chains: flush everything that refers to them,
@@ -1575,23 +1324,16 @@ COMMIT
         assert!(f.rules(Table::Nat, "KUBE-SVC-AAA").is_none());
         assert!(f.rules(Table::Nat, "KUBE-SEP-111").is_none());
         // KUBE-MARK-MASQ lost its last reference with KUBE-SEP-111 and can go too.
-        restore_all(
-            &f,
-            "*nat\n:KUBE-MARK-MASQ - [0:0]\n-X KUBE-MARK-MASQ\nCOMMIT\n",
-        )
-        .unwrap();
+        restore_all(&f, "*nat\n:KUBE-MARK-MASQ - [0:0]\n-X KUBE-MARK-MASQ\nCOMMIT\n").unwrap();
     }
 
     #[test]
     fn duplicate_declaration_in_flushing_restore_fails() {
         let f = fake();
         let payload = b"*nat\n:KUBE-A - [0:0]\n:KUBE-A - [0:0]\nCOMMIT\n";
-        let err = f
-            .restore_all(payload, FlushFlag::Flush, RestoreCounters::NoCounters)
-            .unwrap_err();
+        let err = f.restore_all(payload, FlushFlag::Flush, RestoreCounters::NoCounters).unwrap_err();
         assert_eq!(err.restore_line(), Some(3));
-        f.restore_all(payload, FlushFlag::NoFlush, RestoreCounters::NoCounters)
-            .unwrap();
+        f.restore_all(payload, FlushFlag::NoFlush, RestoreCounters::NoCounters).unwrap();
     }
 
     #[test]
@@ -1617,19 +1359,12 @@ COMMIT
         .unwrap();
         assert_eq!(
             f.rules(Table::Filter, "KUBE-A").unwrap(),
-            strings(&[
-                "-j ACCEPT",
-                "-m comment --comment \"x y\" -j RETURN",
-                "-j LOG"
-            ])
+            strings(&["-j ACCEPT", "-m comment --comment \"x y\" -j RETURN", "-j LOG"])
         );
         assert_eq!(f.policy(Table::Filter, "INPUT").as_deref(), Some("DROP"));
         assert_eq!(f.policy(Table::Filter, "KUBE-A").as_deref(), Some("-"));
         restore_all(&f, "*filter\n-F\n-X\nCOMMIT\n").unwrap();
-        assert_eq!(
-            f.chains(Table::Filter),
-            strings(&["INPUT", "FORWARD", "OUTPUT"])
-        );
+        assert_eq!(f.chains(Table::Filter), strings(&["INPUT", "FORWARD", "OUTPUT"]));
     }
 
     #[test]
@@ -1642,40 +1377,11 @@ COMMIT
         assert!(f.chain_exists(Table::Nat, "KUBE-SERVICES").unwrap());
         assert!(!f.chain_exists(Table::Filter, "KUBE-SERVICES").unwrap());
 
-        let args = [
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes service portals",
-            "-j",
-            "KUBE-SERVICES",
-        ];
-        assert!(
-            !f.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &args)
-                .unwrap()
-        );
-        assert!(
-            f.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &args)
-                .unwrap()
-        );
-        assert!(
-            !f.ensure_rule(
-                RulePosition::Prepend,
-                Table::Nat,
-                "PREROUTING",
-                &["-j", "ACCEPT"]
-            )
-            .unwrap()
-        );
-        assert!(
-            !f.ensure_rule(
-                RulePosition::Append,
-                Table::Nat,
-                "PREROUTING",
-                &["-j", "RETURN"]
-            )
-            .unwrap()
-        );
+        let args = ["-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES"];
+        assert!(!f.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &args).unwrap());
+        assert!(f.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &args).unwrap());
+        assert!(!f.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &["-j", "ACCEPT"]).unwrap());
+        assert!(!f.ensure_rule(RulePosition::Append, Table::Nat, "PREROUTING", &["-j", "RETURN"]).unwrap());
         assert_eq!(
             f.rules(Table::Nat, "PREROUTING").unwrap(),
             strings(&[
@@ -1685,22 +1391,10 @@ COMMIT
             ])
         );
         // Exact argument comparison: a different spelling is a different rule.
-        assert!(
-            !f.ensure_rule(
-                RulePosition::Append,
-                Table::Nat,
-                "PREROUTING",
-                &["--jump", "RETURN"]
-            )
-            .unwrap()
-        );
+        assert!(!f.ensure_rule(RulePosition::Append, Table::Nat, "PREROUTING", &["--jump", "RETURN"]).unwrap());
 
         // A restored rule with a quoted comment is found by its unquoted arguments.
-        restore_all(
-            &f,
-            "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -m comment --comment \"a b\" -j ACCEPT\nCOMMIT\n",
-        )
-        .unwrap();
+        restore_all(&f, "*nat\n:KUBE-X - [0:0]\n-A KUBE-X -m comment --comment \"a b\" -j ACCEPT\nCOMMIT\n").unwrap();
         assert!(
             f.ensure_rule(
                 RulePosition::Append,
@@ -1712,27 +1406,12 @@ COMMIT
         );
 
         // Missing chain or target: the rule cannot be added.
-        let err = f
-            .ensure_rule(
-                RulePosition::Append,
-                Table::Nat,
-                "KUBE-NOPE",
-                &["-j", "ACCEPT"],
-            )
-            .unwrap_err();
+        let err = f.ensure_rule(RulePosition::Append, Table::Nat, "KUBE-NOPE", &["-j", "ACCEPT"]).unwrap_err();
         assert!(
             matches!(&err, IptablesError::Failed { status: 1, args, .. } if args == "-A KUBE-NOPE -t nat -j ACCEPT"),
             "{err}"
         );
-        assert!(
-            f.ensure_rule(
-                RulePosition::Append,
-                Table::Nat,
-                "PREROUTING",
-                &["-j", "KUBE-NOPE"]
-            )
-            .is_err()
-        );
+        assert!(f.ensure_rule(RulePosition::Append, Table::Nat, "PREROUTING", &["-j", "KUBE-NOPE"]).is_err());
 
         // Deleting a chain that is still referenced fails; unreference it and it works.
         assert!(f.delete_chain(Table::Nat, "KUBE-SERVICES").is_err());
@@ -1758,7 +1437,12 @@ COMMIT
             calls[6],
             "ensure_rule -I nat PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
         );
-        assert!(calls.contains(&"delete_rule nat KUBE-NOPE -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string()));
+        assert!(
+            calls.contains(
+                &"delete_rule nat KUBE-NOPE -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+                    .to_string()
+            )
+        );
         assert!(calls.contains(&"flush_chain nat PREROUTING".to_string()));
         assert!(calls.contains(&"delete_chain nat KUBE-X".to_string()));
         f.clear_log();
@@ -1768,10 +1452,7 @@ COMMIT
     #[test]
     fn scripted_failures() {
         let f = fake();
-        f.fail_next_restore(IptablesError::Exec {
-            command: "iptables-restore".into(),
-            reason: "boom".into(),
-        });
+        f.fail_next_restore(IptablesError::Exec { command: "iptables-restore".into(), reason: "boom".into() });
         let err = restore_all(&f, BASE).unwrap_err();
         assert!(matches!(err, IptablesError::Exec { .. }));
         assert!(f.rules(Table::Nat, "KUBE-SVC-AAA").is_none());
@@ -1780,14 +1461,7 @@ COMMIT
         f.fail_restores_containing("KUBE-SEP-111 -m comment");
         let err = restore_all(&f, BASE).unwrap_err();
         assert_eq!(err.restore_line(), Some(14));
-        let err = f
-            .restore(
-                Table::Nat,
-                BASE.as_bytes(),
-                FlushFlag::Flush,
-                RestoreCounters::NoCounters,
-            )
-            .unwrap_err();
+        let err = f.restore(Table::Nat, BASE.as_bytes(), FlushFlag::Flush, RestoreCounters::NoCounters).unwrap_err();
         assert_eq!(err.restore_line(), Some(14));
         assert_eq!(f.rules(Table::Nat, "KUBE-SEP-111").unwrap().len(), 2);
         restore_all(&f, "*nat\nCOMMIT\n").unwrap();
@@ -1819,12 +1493,7 @@ COMMIT
         let saved = Dump::parse(&f.save_all()).unwrap();
         for table in &canonical_input.tables {
             for chain in &table.chains {
-                assert_eq!(
-                    saved.chain(&table.name, &chain.name).unwrap().rules,
-                    chain.rules,
-                    "{}",
-                    chain.name
-                );
+                assert_eq!(saved.chain(&table.name, &chain.name).unwrap().rules, chain.rules, "{}", chain.name);
             }
         }
     }
@@ -1833,10 +1502,7 @@ COMMIT
     fn tokenizer_follows_iptables_restore() {
         let t = |s: &str| tokenize(s).unwrap();
         assert_eq!(t("-A X  -j\tY"), strings(&["-A", "X", "-j", "Y"]));
-        assert_eq!(
-            t("--comment \"a b\" x"),
-            strings(&["--comment", "a b", "x"])
-        );
+        assert_eq!(t("--comment \"a b\" x"), strings(&["--comment", "a b", "x"]));
         assert_eq!(t("--comment \"\" x"), strings(&["--comment", "", "x"]));
         assert_eq!(t("ab\"c d\"e"), strings(&["abc d", "e"]));
         assert_eq!(t("\"say \\\"hi\\\"\""), strings(&["say \"hi\""]));

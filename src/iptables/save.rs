@@ -94,8 +94,7 @@ pub fn format_line_context(data: &[u8], line: usize, context: usize) -> String {
 fn split_lines(data: &[u8]) -> impl Iterator<Item = &[u8]> {
     let data = data.strip_suffix(b"\n").unwrap_or(data);
     let empty = data.is_empty();
-    data.split(|&b| b == b'\n')
-        .take(if empty { 0 } else { usize::MAX })
+    data.split(|&b| b == b'\n').take(if empty { 0 } else { usize::MAX })
 }
 
 #[cfg(test)]
@@ -122,14 +121,7 @@ COMMIT\n\
 # Completed on Thu Jan  1 00:00:00 2024\n";
         assert_eq!(
             chains_from_table(save),
-            set(&[
-                "PREROUTING",
-                "INPUT",
-                "OUTPUT",
-                "POSTROUTING",
-                "KUBE-SERVICES",
-                "KUBE-SVC-AAAAAAAAAAAAAAAA",
-            ])
+            set(&["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING", "KUBE-SERVICES", "KUBE-SVC-AAAAAAAAAAAAAAAA",])
         );
     }
 
@@ -138,10 +130,7 @@ COMMIT\n\
         assert!(chains_from_table(b"").is_empty());
         assert!(chains_from_table(b"*filter\nCOMMIT\n").is_empty());
         // First line counts; a `:` line without a separator is ignored; no trailing newline.
-        assert_eq!(
-            chains_from_table(b":FIRST - [0:0]\n:BROKEN\n:\tX\n:LAST - [0:0]"),
-            set(&["FIRST", "LAST"])
-        );
+        assert_eq!(chains_from_table(b":FIRST - [0:0]\n:BROKEN\n:\tX\n:LAST - [0:0]"), set(&["FIRST", "LAST"]));
         // Invalid UTF-8 does not panic.
         assert_eq!(chains_from_table(b"*nat\n:\xffX - [0:0]\n").len(), 1);
     }
@@ -174,14 +163,7 @@ COMMIT\n\
     #[test]
     fn extract_lines_keeps_empty_lines_and_strips_cr() {
         let data = b"a\r\n\nc";
-        assert_eq!(
-            extract_lines(data, 2, 1),
-            vec![
-                (1, "a".to_string()),
-                (2, String::new()),
-                (3, "c".to_string())
-            ]
-        );
+        assert_eq!(extract_lines(data, 2, 1), vec![(1, "a".to_string()), (2, String::new()), (3, "c".to_string())]);
     }
 
     #[test]

@@ -74,10 +74,7 @@ enum Scalar<'a> {
 pub(super) fn convert(text: &str) -> Res<Converted<'_>> {
     // Control characters (other than tab and newline), CR line ends and tabs in odd places
     // are left to serde_yaml, which knows which of them are errors.
-    if text
-        .bytes()
-        .any(|b| (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f)
-    {
+    if text.bytes().any(|b| (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f) {
         return Err(Bail);
     }
     let lines: Vec<&str> = text.split('\n').collect();
@@ -120,12 +117,7 @@ pub(super) fn convert(text: &str) -> Res<Converted<'_>> {
     if conv.pos < conv.lines.len() {
         return Err(Bail);
     }
-    Ok(Converted::Doc(Document {
-        json: conv.out,
-        root,
-        items: conv.items,
-        items_present: conv.items_present,
-    }))
+    Ok(Converted::Doc(Document { json: conv.out, root, items: conv.items, items_present: conv.items_present }))
 }
 
 struct Converter<'a> {
@@ -187,10 +179,7 @@ fn split_key(content: &str) -> Res<Option<(Cow<'_, str>, &str)>> {
             _ => Ok(None),
         };
     }
-    if matches!(
-        first,
-        b'?' | b'&' | b'*' | b'!' | b'|' | b'>' | b'%' | b'@' | b'`' | b'[' | b'{'
-    ) {
+    if matches!(first, b'?' | b'&' | b'*' | b'!' | b'|' | b'>' | b'%' | b'@' | b'`' | b'[' | b'{') {
         return Err(Bail);
     }
     let bytes = content.as_bytes();
@@ -245,11 +234,7 @@ fn single_line_quoted(content: &str) -> Res<Option<(Cow<'_, str>, &str)>> {
             }
             b'"' => {
                 let raw = &body[..i];
-                let value = if escaped {
-                    Cow::Owned(unescape_double(raw)?)
-                } else {
-                    Cow::Borrowed(raw)
-                };
+                let value = if escaped { Cow::Owned(unescape_double(raw)?) } else { Cow::Borrowed(raw) };
                 return Ok(Some((value, &body[i + 1..])));
             }
             _ => i += 1,
@@ -405,11 +390,7 @@ impl<'a> Converter<'a> {
 
     fn enter(&mut self) -> Res<()> {
         self.depth += 1;
-        if self.depth > MAX_DEPTH {
-            Err(Bail)
-        } else {
-            Ok(())
-        }
+        if self.depth > MAX_DEPTH { Err(Bail) } else { Ok(()) }
     }
 
     /// Pads the output with newlines so that it is on line `line`.
@@ -435,13 +416,7 @@ impl<'a> Converter<'a> {
 
     /// A block mapping whose keys sit at column `indent`, starting on line `pos`. With
     /// `inline_first`, the first key follows a `- ` on its line.
-    fn parse_mapping(
-        &mut self,
-        indent: usize,
-        inline_first: bool,
-        role: Role,
-        mut head: Option<&mut Head>,
-    ) -> Res<()> {
+    fn parse_mapping(&mut self, indent: usize, inline_first: bool, role: Role, mut head: Option<&mut Head>) -> Res<()> {
         self.enter()?;
         let mut keys = self.key_pool.pop().unwrap_or_default();
         keys.clear();
@@ -507,11 +482,7 @@ impl<'a> Converter<'a> {
             let rest = after_colon.trim_start_matches([' ', '\t']);
             let value = if rest.is_empty() || rest.starts_with('#') {
                 self.pos += 1;
-                let child_head = if child_role == Role::Meta {
-                    head.as_deref_mut()
-                } else {
-                    None
-                };
+                let child_head = if child_role == Role::Meta { head.as_deref_mut() } else { None };
                 self.parse_block_node(indent, true, child_role, child_head)?;
                 None
             } else {
@@ -569,18 +540,13 @@ impl<'a> Converter<'a> {
             return self.parse_sequence(ind, role);
         }
         if split_key(content)?.is_some() {
-            let role = if role == Role::Items {
-                Role::Other
-            } else {
-                role
-            };
+            let role = if role == Role::Items { Role::Other } else { role };
             return self.parse_mapping(ind, false, role, head);
         }
         if content.starts_with(['|', '>']) {
             return Err(Bail);
         }
-        self.parse_inline_value(content, parent_indent, false)
-            .map(|_| ())
+        self.parse_inline_value(content, parent_indent, false).map(|_| ())
     }
 
     fn parse_sequence(&mut self, indent: usize, role: Role) -> Res<()> {
@@ -616,17 +582,9 @@ impl<'a> Converter<'a> {
             }
             let spaces = leading_spaces(after_dash);
             let rest = &after_dash[spaces..];
-            let element_role = if role == Role::Items {
-                Role::Item
-            } else {
-                Role::Other
-            };
+            let element_role = if role == Role::Items { Role::Item } else { Role::Other };
             let mut item_head = Head::default();
-            let head = if role == Role::Items {
-                Some(&mut item_head)
-            } else {
-                None
-            };
+            let head = if role == Role::Items { Some(&mut item_head) } else { None };
             if rest.is_empty() || rest.starts_with('#') {
                 self.pos += 1;
                 self.parse_block_node(indent, false, element_role, head)?;
@@ -638,12 +596,7 @@ impl<'a> Converter<'a> {
                 self.parse_inline_value(rest, indent, false)?;
             }
             if role == Role::Items {
-                let item = Item {
-                    head: item_head,
-                    start,
-                    end: self.out.len(),
-                    line: item_line,
-                };
+                let item = Item { head: item_head, start, end: self.out.len(), line: item_line };
                 self.items.get_or_insert_with(Vec::new).push(item);
             }
             first = false;
@@ -658,12 +611,7 @@ impl<'a> Converter<'a> {
 
     /// A value that starts on line `pos` with `rest`; consumes its lines. Returns the
     /// value when `want_str` and it is a string.
-    fn parse_inline_value(
-        &mut self,
-        rest: &'a str,
-        parent_indent: usize,
-        want_str: bool,
-    ) -> Res<Option<String>> {
+    fn parse_inline_value(&mut self, rest: &'a str, parent_indent: usize, want_str: bool) -> Res<Option<String>> {
         let first = rest.as_bytes()[0];
         let next = rest.as_bytes().get(1).copied();
         let string = match first {
@@ -728,9 +676,7 @@ impl<'a> Converter<'a> {
             let piece = uncommented.trim_end_matches([' ', '\t']);
             check_plain_line(piece)?;
             if is_seq_entry(piece)
-                || piece.starts_with([
-                    '[', '{', '&', '*', '!', '|', '>', '\'', '"', '%', '@', '`', '?', ':',
-                ])
+                || piece.starts_with(['[', '{', '&', '*', '!', '|', '>', '\'', '"', '%', '@', '`', '?', ':'])
             {
                 return Err(Bail);
             }
@@ -865,11 +811,7 @@ impl<'a> Converter<'a> {
             leading_blank += 1;
             j += 1;
         }
-        let content_indent = if j < self.lines.len() {
-            self.indent_at(j)?
-        } else {
-            0
-        };
+        let content_indent = if j < self.lines.len() { self.indent_at(j)? } else { 0 };
         if j >= self.lines.len() || content_indent <= parent_indent {
             // Empty scalar: only its (blank) lines.
             if chomp == Chomp::Keep && leading_blank > 0 {

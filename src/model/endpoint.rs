@@ -41,11 +41,7 @@ impl EndpointInfo {
     /// fields to change that, but not `endpoint`/`port` (the chain name would be stale).
     pub fn new(service_port: &ServicePortName, ip: &str, port: i32) -> EndpointInfo {
         let endpoint = join_host_port(ip, port);
-        let chain_name = endpoint_chain_name(
-            &service_port.to_string(),
-            service_port.protocol.lower(),
-            &endpoint,
-        );
+        let chain_name = endpoint_chain_name(&service_port.to_string(), service_port.protocol.lower(), &endpoint);
         EndpointInfo {
             endpoint,
             ip: ip.to_owned(),

@@ -51,11 +51,7 @@ pub fn format_ip(ip: &IpAddr) -> String {
 
 /// `ip:port`, with brackets around IPv6 addresses (Go's `net.JoinHostPort`).
 pub fn join_host_port(ip: &str, port: i32) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    }
+    if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") }
 }
 
 /// An IP network: the masked network address and prefix length.

@@ -31,10 +31,10 @@ impl NodeInfo {
         let labels = node.metadata.labels.clone().unwrap_or_default();
         let spec = node.spec.as_ref();
         let mut pod_cidrs = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
-        if pod_cidrs.is_empty() {
-            if let Some(cidr) = spec.and_then(|s| s.pod_cidr.clone()).filter(|c| !c.is_empty()) {
-                pod_cidrs.push(cidr);
-            }
+        if pod_cidrs.is_empty()
+            && let Some(cidr) = spec.and_then(|s| s.pod_cidr.clone()).filter(|c| !c.is_empty())
+        {
+            pod_cidrs.push(cidr);
         }
         let status_addrs = node.status.as_ref().and_then(|s| s.addresses.as_ref());
         let mut addresses = Vec::new();
@@ -73,11 +73,8 @@ pub struct NodeIps {
 
 impl NodeIps {
     pub fn detect(host_ips: &[IpAddr], bind_address: Option<IpAddr>) -> NodeIps {
-        let mut ips = NodeIps {
-            primary: IpFamily::V4,
-            v4: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            v6: IpAddr::V6(Ipv6Addr::LOCALHOST),
-        };
+        let mut ips =
+            NodeIps { primary: IpFamily::V4, v4: IpAddr::V4(Ipv4Addr::LOCALHOST), v6: IpAddr::V6(Ipv6Addr::LOCALHOST) };
         if let Some(first) = host_ips.first() {
             ips.primary = IpFamily::of(first);
             ips.set(*first);

@@ -100,59 +100,20 @@ pub type ServicePortRef = Arc<ServicePortInfo>;
 /// caller logs it and treats the Service as absent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidService {
-    #[error(
-        "service {service}: cluster IP {ip:?} (spec.clusterIP/clusterIPs) is not a valid {family} address"
-    )]
-    ClusterIp {
-        service: NamespacedName,
-        family: IpFamily,
-        ip: String,
-    },
-    #[error(
-        "service {service}: spec.ports[{index}] ({port_name:?}) has port {port} outside 1-65535"
-    )]
-    Port {
-        service: NamespacedName,
-        index: usize,
-        port_name: String,
-        port: i32,
-    },
-    #[error(
-        "service {service}: spec.ports[{index}] ({port_name:?}) has nodePort {node_port} outside 0-65535"
-    )]
-    NodePort {
-        service: NamespacedName,
-        index: usize,
-        port_name: String,
-        node_port: i32,
-    },
-    #[error(
-        "service {service}: spec.ports[{index}] ({port_name:?}) has unknown protocol {protocol:?}"
-    )]
-    Protocol {
-        service: NamespacedName,
-        index: usize,
-        port_name: String,
-        protocol: String,
-    },
-    #[error(
-        "service {service}: spec.ports[{index}] duplicates port name {port_name:?} ({protocol})"
-    )]
-    DuplicatePort {
-        service: NamespacedName,
-        index: usize,
-        port_name: String,
-        protocol: Protocol,
-    },
+    #[error("service {service}: cluster IP {ip:?} (spec.clusterIP/clusterIPs) is not a valid {family} address")]
+    ClusterIp { service: NamespacedName, family: IpFamily, ip: String },
+    #[error("service {service}: spec.ports[{index}] ({port_name:?}) has port {port} outside 1-65535")]
+    Port { service: NamespacedName, index: usize, port_name: String, port: i32 },
+    #[error("service {service}: spec.ports[{index}] ({port_name:?}) has nodePort {node_port} outside 0-65535")]
+    NodePort { service: NamespacedName, index: usize, port_name: String, node_port: i32 },
+    #[error("service {service}: spec.ports[{index}] ({port_name:?}) has unknown protocol {protocol:?}")]
+    Protocol { service: NamespacedName, index: usize, port_name: String, protocol: String },
+    #[error("service {service}: spec.ports[{index}] duplicates port name {port_name:?} ({protocol})")]
+    DuplicatePort { service: NamespacedName, index: usize, port_name: String, protocol: Protocol },
     #[error("service {service}: spec.healthCheckNodePort {port} is outside 0-65535")]
     HealthCheckNodePort { service: NamespacedName, port: i32 },
-    #[error(
-        "service {service}: spec.sessionAffinityConfig.clientIP.timeoutSeconds {seconds} is outside 1-86400"
-    )]
-    AffinityTimeout {
-        service: NamespacedName,
-        seconds: i32,
-    },
+    #[error("service {service}: spec.sessionAffinityConfig.clientIP.timeoutSeconds {seconds} is outside 1-86400")]
+    AffinityTimeout { service: NamespacedName, seconds: i32 },
 }
 
 /// The ports of `svc` that a proxier for `family` serves, in `spec.ports` order.
@@ -160,10 +121,7 @@ pub enum InvalidService {
 /// Empty (not an error) when upstream skips the Service: headless (`clusterIP` empty or
 /// `None`), `type: ExternalName`, or no cluster IP of this family. A port without a protocol
 /// is treated as TCP, the API default, which API servers always fill in.
-pub fn service_ports(
-    svc: &Service,
-    family: IpFamily,
-) -> Result<Vec<ServicePortInfo>, InvalidService> {
+pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePortInfo>, InvalidService> {
     let Some(spec) = svc.spec.as_ref() else {
         return Ok(Vec::new());
     };
@@ -180,11 +138,7 @@ pub fn service_ports(
     let cluster_ip = match ip::parse_ip_sloppy(cluster_ip_text) {
         Some(addr) if IpFamily::of(&addr) == family => ip::format_ip(&addr),
         _ => {
-            return Err(InvalidService::ClusterIp {
-                service,
-                family,
-                ip: cluster_ip_text.to_owned(),
-            });
+            return Err(InvalidService::ClusterIp { service, family, ip: cluster_ip_text.to_owned() });
         }
     };
 
@@ -203,29 +157,14 @@ pub fn service_ports(
             })?,
         };
         if !(1..=65535).contains(&port.port) {
-            return Err(InvalidService::Port {
-                service: service.clone(),
-                index,
-                port_name,
-                port: port.port,
-            });
+            return Err(InvalidService::Port { service: service.clone(), index, port_name, port: port.port });
         }
         let node_port = port.node_port.unwrap_or(0);
         if !(0..=65535).contains(&node_port) {
-            return Err(InvalidService::NodePort {
-                service: service.clone(),
-                index,
-                port_name,
-                node_port,
-            });
+            return Err(InvalidService::NodePort { service: service.clone(), index, port_name, node_port });
         }
         if !seen.insert((port_name.clone(), protocol)) {
-            return Err(InvalidService::DuplicatePort {
-                service: service.clone(),
-                index,
-                port_name,
-                protocol,
-            });
+            return Err(InvalidService::DuplicatePort { service: service.clone(), index, port_name, protocol });
         }
 
         let name = ServicePortName::new(service.clone(), port_name, protocol);
@@ -268,8 +207,7 @@ fn cluster_ip_for_family(spec: &ServiceSpec, family: IpFamily) -> Option<&str> {
         if cluster_ip.is_empty() || cluster_ip == "None" {
             return None;
         }
-        let is_v6 =
-            ip::parse_ip_sloppy(cluster_ip).is_some_and(|a| IpFamily::of(&a) == IpFamily::V6);
+        let is_v6 = ip::parse_ip_sloppy(cluster_ip).is_some_and(|a| IpFamily::of(&a) == IpFamily::V6);
         return ((family == IpFamily::V6) == is_v6).then_some(cluster_ip);
     }
     let cluster_ips = spec.cluster_ips.as_deref().unwrap_or_default();
@@ -303,11 +241,9 @@ impl SharedFields {
         let has_external_ips = !spec.external_ips.as_deref().unwrap_or_default().is_empty();
         // apiservice.ExternallyAccessible: note the literal comparison, an absent type is
         // not ClusterIP here.
-        let externally_accessible = type_ == "LoadBalancer"
-            || type_ == "NodePort"
-            || (type_ == "ClusterIP" && has_external_ips);
-        let external_policy_local =
-            externally_accessible && spec.external_traffic_policy.as_deref() == Some("Local");
+        let externally_accessible =
+            type_ == "LoadBalancer" || type_ == "NodePort" || (type_ == "ClusterIP" && has_external_ips);
+        let external_policy_local = externally_accessible && spec.external_traffic_policy.as_deref() == Some("Local");
         let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
 
         let sticky_seconds = if spec.session_affinity.as_deref() == Some("ClientIP") {
@@ -318,10 +254,7 @@ impl SharedFields {
                 .and_then(|c| c.timeout_seconds)
                 .unwrap_or(DEFAULT_CLIENT_IP_TIMEOUT_SECONDS);
             if !(1..=MAX_CLIENT_IP_TIMEOUT_SECONDS).contains(&seconds) {
-                return Err(InvalidService::AffinityTimeout {
-                    service: service.clone(),
-                    seconds,
-                });
+                return Err(InvalidService::AffinityTimeout { service: service.clone(), seconds });
             }
             Some(seconds)
         } else {
@@ -334,10 +267,7 @@ impl SharedFields {
         if type_ == "LoadBalancer" && external_policy_local {
             let port = spec.health_check_node_port.unwrap_or(0);
             if !(0..=65535).contains(&port) {
-                return Err(InvalidService::HealthCheckNodePort {
-                    service: service.clone(),
-                    port,
-                });
+                return Err(InvalidService::HealthCheckNodePort { service: service.clone(), port });
             }
             if port == 0 {
                 tracing::warn!(%service, "service has no healthCheckNodePort");
@@ -352,19 +282,11 @@ impl SharedFields {
             family,
         );
         // LoadBalancerIPMode is alpha (off) in 1.29, so every ingress IP counts as a VIP.
-        let ingress = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref());
+        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
         let load_balancer_ips = addresses_of_family(
             service,
             "status.loadBalancer.ingress",
-            ingress
-                .into_iter()
-                .flatten()
-                .filter_map(|i| i.ip.as_deref())
-                .filter(|s| !s.is_empty()),
+            ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()).filter(|s| !s.is_empty()),
             family,
         );
         let spec_ranges = spec.load_balancer_source_ranges.as_deref().unwrap_or_default();
@@ -376,11 +298,7 @@ impl SharedFields {
                 .and_then(|a| a.get(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES))
                 .map(String::as_str)
                 .unwrap_or("");
-            source_ranges_of_family(
-                service,
-                annotation.split(',').map(str::trim).filter(|s| !s.is_empty()),
-                family,
-            )
+            source_ranges_of_family(service, annotation.split(',').map(str::trim).filter(|s| !s.is_empty()), family)
         } else {
             source_ranges_of_family(service, spec_ranges.iter().map(|s| s.trim()), family)
         };
@@ -434,10 +352,9 @@ fn source_ranges_of_family<'a>(
     let mut out = Vec::new();
     for text in texts {
         match Cidr::parse_sloppy(text) {
-            Some(cidr) if IpFamily::of(&cidr.network()) == family => out.push(SourceRange {
-                text: text.to_owned(),
-                cidr: Some(cidr),
-            }),
+            Some(cidr) if IpFamily::of(&cidr.network()) == family => {
+                out.push(SourceRange { text: text.to_owned(), cidr: Some(cidr) })
+            }
             Some(_) => {}
             None => {
                 tracing::warn!(%service, cidr = text, "skipping invalid loadBalancerSourceRanges entry")
@@ -469,10 +386,7 @@ mod tests {
     }
 
     fn ranges(info: &ServicePortInfo) -> Vec<&str> {
-        info.load_balancer_source_ranges
-            .iter()
-            .map(|r| r.text.as_str())
-            .collect()
+        info.load_balancer_source_ranges.iter().map(|r| r.text.as_str()).collect()
     }
 
     #[test]
@@ -486,10 +400,7 @@ mod tests {
         let got = ports(&svc, IpFamily::V4);
         assert_eq!(got.len(), 2);
         let p80 = &got[0];
-        assert_eq!(
-            p80.name,
-            ServicePortName::new(NamespacedName::new("ns1", "svc1"), "p80", Protocol::Tcp)
-        );
+        assert_eq!(p80.name, ServicePortName::new(NamespacedName::new("ns1", "svc1"), "p80", Protocol::Tcp));
         assert_eq!(p80.name_string, "ns1/svc1:p80");
         assert_eq!(p80.cluster_ip, "172.30.0.41");
         assert_eq!(p80.port, 80);
@@ -503,23 +414,14 @@ mod tests {
 
     #[test]
     fn skipped_services_have_no_ports() {
-        let headless = service("ns", "headless")
-            .type_("ClusterIP")
-            .cluster_ip("None")
-            .port("rpc", "UDP", 1234);
+        let headless = service("ns", "headless").type_("ClusterIP").cluster_ip("None").port("rpc", "UDP", 1234);
         let no_ip = service("ns", "no-ip").port("rpc", "UDP", 1234);
         // ExternalName is skipped even with a cluster IP.
-        let external_name = service("ns", "ext")
-            .type_("ExternalName")
-            .cluster_ip("172.30.55.4")
-            .port("blah", "UDP", 1235);
+        let external_name =
+            service("ns", "ext").type_("ExternalName").cluster_ip("172.30.55.4").port("blah", "UDP", 1235);
         for svc in [headless, no_ip, external_name] {
             let svc = svc.build();
-            assert!(
-                ports(&svc, IpFamily::V4).is_empty(),
-                "{:?}",
-                svc.metadata.name
-            );
+            assert!(ports(&svc, IpFamily::V4).is_empty(), "{:?}", svc.metadata.name);
         }
         let mut no_spec = service("ns", "nospec").build();
         no_spec.spec = None;
@@ -528,16 +430,10 @@ mod tests {
 
     #[test]
     fn legacy_single_stack_cluster_ip_is_filtered_by_family() {
-        let v6 = service("ns", "v6")
-            .cluster_ip("2001:db8::1")
-            .port("p", "TCP", 80)
-            .build();
+        let v6 = service("ns", "v6").cluster_ip("2001:db8::1").port("p", "TCP", 80).build();
         assert!(ports(&v6, IpFamily::V4).is_empty());
         assert_eq!(ports(&v6, IpFamily::V6)[0].cluster_ip, "2001:db8::1");
-        let v4 = service("ns", "v4")
-            .cluster_ip("10.0.0.1")
-            .port("p", "TCP", 80)
-            .build();
+        let v4 = service("ns", "v4").cluster_ip("10.0.0.1").port("p", "TCP", 80).build();
         assert!(ports(&v4, IpFamily::V6).is_empty());
     }
 
@@ -549,10 +445,7 @@ mod tests {
             .build();
         assert_eq!(ports(&svc, IpFamily::V4)[0].cluster_ip, "10.0.0.1");
         assert_eq!(ports(&svc, IpFamily::V6)[0].cluster_ip, "fd00::1");
-        let single = service("ns", "single")
-            .cluster_ips(&[("10.0.0.1", "IPv4")])
-            .port("p", "TCP", 80)
-            .build();
+        let single = service("ns", "single").cluster_ips(&[("10.0.0.1", "IPv4")]).port("p", "TCP", 80).build();
         assert!(ports(&single, IpFamily::V6).is_empty());
     }
 
@@ -609,10 +502,7 @@ mod tests {
             .port("p", "TCP", 80)
             .external_ips(&["::ffff:1.2.3.4", "010.001.002.003"])
             .build();
-        assert_eq!(
-            ports(&svc, IpFamily::V4)[0].external_ips,
-            ["::ffff:1.2.3.4", "010.001.002.003"]
-        );
+        assert_eq!(ports(&svc, IpFamily::V4)[0].external_ips, ["::ffff:1.2.3.4", "010.001.002.003"]);
     }
 
     // Upstream: "service with extra space in LoadBalancerSourceRanges".
@@ -650,45 +540,28 @@ mod tests {
     #[test]
     fn external_policy_local_needs_external_access() {
         let base = |t: Option<&str>| {
-            let b = service("ns", "s")
-                .cluster_ip("10.0.0.1")
-                .port("p", "TCP", 80)
-                .external_policy("Local");
+            let b = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80).external_policy("Local");
             match t {
                 Some(t) => b.type_(t),
                 None => b,
             }
         };
         // An absent type is not ClusterIP: objects are read as written.
-        assert!(
-            !ports(&base(None).external_ips(&["1.2.3.4"]).build(), IpFamily::V4)[0]
-                .external_policy_local
-        );
+        assert!(!ports(&base(None).external_ips(&["1.2.3.4"]).build(), IpFamily::V4)[0].external_policy_local);
         assert!(!ports(&base(Some("ClusterIP")).build(), IpFamily::V4)[0].external_policy_local);
         assert!(
-            ports(
-                &base(Some("ClusterIP")).external_ips(&["1.2.3.4"]).build(),
-                IpFamily::V4
-            )[0]
-            .external_policy_local
+            ports(&base(Some("ClusterIP")).external_ips(&["1.2.3.4"]).build(), IpFamily::V4)[0].external_policy_local
         );
         assert!(ports(&base(Some("NodePort")).build(), IpFamily::V4)[0].external_policy_local);
         assert!(ports(&base(Some("LoadBalancer")).build(), IpFamily::V4)[0].external_policy_local);
-        let cluster = service("ns", "s")
-            .type_("NodePort")
-            .cluster_ip("10.0.0.1")
-            .port("p", "TCP", 80)
-            .external_policy("Cluster");
+        let cluster =
+            service("ns", "s").type_("NodePort").cluster_ip("10.0.0.1").port("p", "TCP", 80).external_policy("Cluster");
         assert!(!ports(&cluster.build(), IpFamily::V4)[0].external_policy_local);
     }
 
     #[test]
     fn internal_policy_local() {
-        let svc = service("ns", "s")
-            .cluster_ip("10.0.0.1")
-            .port("p", "TCP", 80)
-            .internal_policy("Local")
-            .build();
+        let svc = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80).internal_policy("Local").build();
         let p = &ports(&svc, IpFamily::V4)[0];
         assert!(p.internal_policy_local);
         assert!(!p.uses_cluster_endpoints() && p.uses_local_endpoints());
@@ -705,18 +578,9 @@ mod tests {
                 .health_check_node_port(30500)
                 .build()
         };
-        assert_eq!(
-            ports(&lb("Local", "LoadBalancer"), IpFamily::V4)[0].health_check_node_port,
-            30500
-        );
-        assert_eq!(
-            ports(&lb("Cluster", "LoadBalancer"), IpFamily::V4)[0].health_check_node_port,
-            0
-        );
-        assert_eq!(
-            ports(&lb("Local", "NodePort"), IpFamily::V4)[0].health_check_node_port,
-            0
-        );
+        assert_eq!(ports(&lb("Local", "LoadBalancer"), IpFamily::V4)[0].health_check_node_port, 30500);
+        assert_eq!(ports(&lb("Cluster", "LoadBalancer"), IpFamily::V4)[0].health_check_node_port, 0);
+        assert_eq!(ports(&lb("Local", "NodePort"), IpFamily::V4)[0].health_check_node_port, 0);
         let missing = service("ns", "s")
             .type_("LoadBalancer")
             .cluster_ip("10.0.0.1")
@@ -728,34 +592,18 @@ mod tests {
 
     #[test]
     fn session_affinity() {
-        let base = || {
-            service("ns", "s")
-                .cluster_ip("10.0.0.1")
-                .port("p", "TCP", 80)
-        };
+        let base = || service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80);
         assert_eq!(ports(&base().build(), IpFamily::V4)[0].sticky_seconds, None);
-        assert_eq!(
-            ports(&base().client_ip_affinity(Some(300)).build(), IpFamily::V4)[0].sticky_seconds,
-            Some(300)
-        );
-        assert_eq!(
-            ports(&base().client_ip_affinity(None).build(), IpFamily::V4)[0].sticky_seconds,
-            Some(10800)
-        );
-        let err =
-            service_ports(&base().client_ip_affinity(Some(0)).build(), IpFamily::V4).unwrap_err();
-        assert!(matches!(
-            err,
-            InvalidService::AffinityTimeout { seconds: 0, .. }
-        ));
+        assert_eq!(ports(&base().client_ip_affinity(Some(300)).build(), IpFamily::V4)[0].sticky_seconds, Some(300));
+        assert_eq!(ports(&base().client_ip_affinity(None).build(), IpFamily::V4)[0].sticky_seconds, Some(10800));
+        let err = service_ports(&base().client_ip_affinity(Some(0)).build(), IpFamily::V4).unwrap_err();
+        assert!(matches!(err, InvalidService::AffinityTimeout { seconds: 0, .. }));
     }
 
     #[test]
     fn topology_annotations() {
         let with = |pairs: &[(&str, &str)]| {
-            let mut b = service("ns", "s")
-                .cluster_ip("10.0.0.1")
-                .port("p", "TCP", 80);
+            let mut b = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80);
             for (k, v) in pairs {
                 b = b.annotation(k, v);
             }
@@ -770,26 +618,14 @@ mod tests {
         assert!(!with(&[(ANNOTATION_TOPOLOGY_MODE, "disabled")]));
         assert!(with(&[(ANNOTATION_TOPOLOGY_AWARE_HINTS, "Auto")]));
         // The deprecated annotation wins, even when empty.
-        assert!(!with(&[
-            (ANNOTATION_TOPOLOGY_AWARE_HINTS, ""),
-            (ANNOTATION_TOPOLOGY_MODE, "Auto")
-        ]));
-        assert!(!with(&[
-            (ANNOTATION_TOPOLOGY_AWARE_HINTS, "disabled"),
-            (ANNOTATION_TOPOLOGY_MODE, "Auto")
-        ]));
-        assert!(with(&[
-            (ANNOTATION_TOPOLOGY_AWARE_HINTS, "Auto"),
-            (ANNOTATION_TOPOLOGY_MODE, "disabled")
-        ]));
+        assert!(!with(&[(ANNOTATION_TOPOLOGY_AWARE_HINTS, ""), (ANNOTATION_TOPOLOGY_MODE, "Auto")]));
+        assert!(!with(&[(ANNOTATION_TOPOLOGY_AWARE_HINTS, "disabled"), (ANNOTATION_TOPOLOGY_MODE, "Auto")]));
+        assert!(with(&[(ANNOTATION_TOPOLOGY_AWARE_HINTS, "Auto"), (ANNOTATION_TOPOLOGY_MODE, "disabled")]));
     }
 
     #[test]
     fn absent_protocol_is_tcp() {
-        let svc = service("ns", "s")
-            .cluster_ip("10.0.0.1")
-            .port("p", "", 80)
-            .build();
+        let svc = service("ns", "s").cluster_ip("10.0.0.1").port("p", "", 80).build();
         let p = &ports(&svc, IpFamily::V4)[0];
         assert_eq!(p.protocol, Protocol::Tcp);
         assert_eq!(p.name.protocol, Protocol::Tcp);
@@ -797,10 +633,7 @@ mod tests {
 
     #[test]
     fn unnamed_port() {
-        let svc = service("ns1", "svc1")
-            .cluster_ip("10.0.0.1")
-            .port("", "TCP", 80)
-            .build();
+        let svc = service("ns1", "svc1").cluster_ip("10.0.0.1").port("", "TCP", 80).build();
         assert_eq!(ports(&svc, IpFamily::V4)[0].name_string, "ns1/svc1");
     }
 
@@ -810,50 +643,24 @@ mod tests {
         let cases = [
             (base().port("p", "TCP", 0).build(), "spec.ports[0]"),
             (base().port("p", "TCP", 65536).build(), "outside 1-65535"),
-            (
-                base().node_port("p", "TCP", 80, 70000).build(),
-                "nodePort 70000",
-            ),
+            (base().node_port("p", "TCP", 80, 70000).build(), "nodePort 70000"),
             (base().node_port("p", "TCP", 80, -1).build(), "nodePort -1"),
+            (base().port("p", "ICMP", 80).build(), "unknown protocol \"ICMP\""),
+            (base().port("p", "TCP", 80).port("p", "TCP", 81).build(), "duplicates port name"),
+            (service("ns1", "bad").cluster_ip("10.0.0.300").port("p", "TCP", 80).build(), "cluster IP \"10.0.0.300\""),
             (
-                base().port("p", "ICMP", 80).build(),
-                "unknown protocol \"ICMP\"",
-            ),
-            (
-                base().port("p", "TCP", 80).port("p", "TCP", 81).build(),
-                "duplicates port name",
-            ),
-            (
-                service("ns1", "bad")
-                    .cluster_ip("10.0.0.300")
-                    .port("p", "TCP", 80)
-                    .build(),
-                "cluster IP \"10.0.0.300\"",
-            ),
-            (
-                service("ns1", "bad")
-                    .cluster_ips(&[("fd00::1", "IPv4")])
-                    .port("p", "TCP", 80)
-                    .build(),
+                service("ns1", "bad").cluster_ips(&[("fd00::1", "IPv4")]).port("p", "TCP", 80).build(),
                 "is not a valid IPv4 address",
             ),
         ];
         for (svc, needle) in cases {
-            let err = service_ports(&svc, IpFamily::V4)
-                .expect_err(needle)
-                .to_string();
+            let err = service_ports(&svc, IpFamily::V4).expect_err(needle).to_string();
             assert!(err.starts_with("service ns1/bad: "), "{err}");
             assert!(err.contains(needle), "{err} does not mention {needle}");
         }
-        let hc = base()
-            .type_("LoadBalancer")
-            .external_policy("Local")
-            .health_check_node_port(70000);
+        let hc = base().type_("LoadBalancer").external_policy("Local").health_check_node_port(70000);
         let err = service_ports(&hc.port("p", "TCP", 80).build(), IpFamily::V4).unwrap_err();
-        assert!(matches!(
-            err,
-            InvalidService::HealthCheckNodePort { port: 70000, .. }
-        ));
+        assert!(matches!(err, InvalidService::HealthCheckNodePort { port: 70000, .. }));
         // The same name with another protocol is a different port.
         let ok = base().port("dns", "TCP", 53).port("dns", "UDP", 53).build();
         assert_eq!(ports(&ok, IpFamily::V4).len(), 2);

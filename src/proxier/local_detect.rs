@@ -1,7 +1,8 @@
 //! Local-traffic detection: the iptables match that tells traffic from pods on this node
 //! apart from everything else (upstream's `LocalTrafficDetector`).
 
-use crate::model::Cidr;
+use crate::config::DetectLocal;
+use crate::model::{Cidr, IpFamily};
 
 /// How traffic originating from local pods is recognised.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -18,6 +19,33 @@ pub enum LocalDetector {
 }
 
 impl LocalDetector {
+    /// The detector for one family from the configured mode (upstream `getLocalDetector`):
+    /// the first CIDR of the family for ClusterCIDR and NodeCIDR modes (no-op when there is
+    /// none), the interface for the interface modes.
+    pub fn from_mode(mode: &DetectLocal, family: IpFamily, node_pod_cidrs: &[String]) -> LocalDetector {
+        let detector = match mode {
+            DetectLocal::ClusterCidr(cidrs) => {
+                cidrs.iter().find(|c| c.family() == family).copied().map(LocalDetector::Cidr)
+            }
+            DetectLocal::NodeCidr => node_pod_cidrs
+                .iter()
+                .filter_map(|c| Cidr::parse_sloppy(c.trim()))
+                .find(|c| c.family() == family)
+                .map(LocalDetector::Cidr),
+            DetectLocal::BridgeInterface(name) if !name.is_empty() => {
+                Some(LocalDetector::BridgeInterface(name.clone()))
+            }
+            DetectLocal::InterfaceNamePrefix(prefix) if !prefix.is_empty() => {
+                Some(LocalDetector::InterfaceNamePrefix(prefix.clone()))
+            }
+            _ => None,
+        };
+        detector.unwrap_or_else(|| {
+            tracing::info!(%family, ?mode, "no local traffic detector for this family; defaulting to no-op detect-local");
+            LocalDetector::NoOp
+        })
+    }
+
     pub fn is_implemented(&self) -> bool {
         !matches!(self, LocalDetector::NoOp)
     }
@@ -64,5 +92,24 @@ mod tests {
         assert_eq!(d.if_local(), ["-i", "cbr0"]);
         assert!(LocalDetector::NoOp.if_local().is_empty());
         assert!(!LocalDetector::NoOp.is_implemented());
+    }
+
+    #[test]
+    fn from_mode_picks_the_family() {
+        let cidrs = vec![Cidr::parse_sloppy("fd00:10::/64").unwrap(), Cidr::parse_sloppy("10.0.0.0/8").unwrap()];
+        let mode = DetectLocal::ClusterCidr(cidrs);
+        assert_eq!(LocalDetector::from_mode(&mode, IpFamily::V4, &[]).if_local(), ["-s", "10.0.0.0/8"]);
+        assert_eq!(LocalDetector::from_mode(&mode, IpFamily::V6, &[]).if_local(), ["-s", "fd00:10::/64"]);
+        assert_eq!(LocalDetector::from_mode(&DetectLocal::ClusterCidr(vec![]), IpFamily::V4, &[]), LocalDetector::NoOp);
+        let pods = vec!["10.244.1.0/24".to_string()];
+        assert_eq!(
+            LocalDetector::from_mode(&DetectLocal::NodeCidr, IpFamily::V4, &pods).if_local(),
+            ["-s", "10.244.1.0/24"]
+        );
+        assert_eq!(LocalDetector::from_mode(&DetectLocal::NodeCidr, IpFamily::V6, &pods), LocalDetector::NoOp);
+        assert_eq!(
+            LocalDetector::from_mode(&DetectLocal::InterfaceNamePrefix("veth".into()), IpFamily::V6, &[]).if_local(),
+            ["-i", "veth+"]
+        );
     }
 }

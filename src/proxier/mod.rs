@@ -279,15 +279,15 @@ impl Proxier {
     /// move endpoints in or out of every service). Returns whether a sync is wanted.
     pub fn on_node_update(&mut self, node: Option<&Node>) -> bool {
         let labels = node.map(|n| n.metadata.labels.clone().unwrap_or_default());
-        if let Some(n) = node {
-            if n.metadata.name.as_deref() != Some(self.cfg.hostname.as_str()) {
-                tracing::error!(
-                    event_node = n.metadata.name.as_deref().unwrap_or(""),
-                    current_node = %self.cfg.hostname,
-                    "received a watch event for a node that doesn't match the current node"
-                );
-                return false;
-            }
+        if let Some(n) = node
+            && n.metadata.name.as_deref() != Some(self.cfg.hostname.as_str())
+        {
+            tracing::error!(
+                event_node = n.metadata.name.as_deref().unwrap_or(""),
+                current_node = %self.cfg.hostname,
+                "received a watch event for a node that doesn't match the current node"
+            );
+            return false;
         }
         if labels == self.node_labels {
             return false;
@@ -355,8 +355,10 @@ impl Proxier {
             set
         });
 
-        let large = render::total_endpoints(&self.services, &self.endpoints) > render::LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
-        let cleanup_due = !large || self.last_cleanup.is_none_or(|t| now.saturating_duration_since(t) > self.cfg.sync_period);
+        let large =
+            render::total_endpoints(&self.services, &self.endpoints) > render::LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
+        let cleanup_due =
+            !large || self.last_cleanup.is_none_or(|t| now.saturating_duration_since(t) > self.cfg.sync_period);
         let existing = if cleanup_due {
             let mut buf = Vec::new();
             match self.iptables.save_into(Table::Nat, &mut buf) {
@@ -436,12 +438,14 @@ impl Proxier {
 
     fn ensure_jump_chains(&self) -> Result<(), SyncError> {
         for jump in JUMP_CHAINS.iter().chain(KUBELET_JUMP_CHAINS) {
-            self.iptables
-                .ensure_chain(jump.table, jump.dst)
-                .map_err(|source| SyncError::EnsureChain { table: jump.table, chain: jump.dst, source })?;
-            self.iptables.ensure_rule(RulePosition::Prepend, jump.table, jump.src, &jump.args()).map_err(|source| {
-                SyncError::EnsureJump { table: jump.table, src: jump.src, dst: jump.dst, source }
+            self.iptables.ensure_chain(jump.table, jump.dst).map_err(|source| SyncError::EnsureChain {
+                table: jump.table,
+                chain: jump.dst,
+                source,
             })?;
+            self.iptables
+                .ensure_rule(RulePosition::Prepend, jump.table, jump.src, &jump.args())
+                .map_err(|source| SyncError::EnsureJump { table: jump.table, src: jump.src, dst: jump.dst, source })?;
         }
         Ok(())
     }

@@ -26,15 +26,30 @@ impl NodePortAddresses {
             parsed.extend(zero);
         }
         let loopback: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 0));
-        let contains_ipv4_loopback = parsed
-            .iter()
-            .any(|c| c.family() == IpFamily::V4 && (c.network().is_loopback() || c.contains(&loopback)));
+        let contains_ipv4_loopback =
+            parsed.iter().any(|c| c.family() == IpFamily::V4 && (c.network().is_loopback() || c.contains(&loopback)));
         let match_all = parsed.iter().any(Cidr::is_zero);
         if match_all {
             parsed.retain(Cidr::is_zero);
             parsed.truncate(1);
         }
         NodePortAddresses { cidrs: parsed, match_all, contains_ipv4_loopback }
+    }
+
+    /// Resolves the special value `primary` (the only entry) to the node's IPs, `/32` and
+    /// `/128`, leaving out loopback fallbacks; any other list is returned as is.
+    pub fn resolve_primary(addresses: &[String], node_ips: &[IpAddr]) -> Vec<String> {
+        if addresses.len() != 1 || addresses[0] != crate::config::NODE_PORT_ADDRESSES_PRIMARY {
+            return addresses.to_vec();
+        }
+        node_ips
+            .iter()
+            .filter(|ip| !ip.is_loopback())
+            .map(|ip| match ip {
+                IpAddr::V4(v4) => format!("{v4}/32"),
+                IpAddr::V6(v6) => format!("{v6}/128"),
+            })
+            .collect()
     }
 
     /// Every local address of the family accepts NodePorts.
@@ -91,6 +106,16 @@ mod tests {
         let addrs: Vec<IpAddr> =
             ["10.0.0.1", "192.168.1.2", "127.0.0.1", "fd00::1"].iter().map(|a| a.parse().unwrap()).collect();
         assert_eq!(n.node_ips(&addrs), vec![addrs[1], addrs[2]]);
+    }
+
+    #[test]
+    fn primary_resolves_to_node_ips() {
+        let ips: Vec<IpAddr> = vec!["192.168.0.2".parse().unwrap(), "::1".parse().unwrap()];
+        assert_eq!(NodePortAddresses::resolve_primary(&s(&["primary"]), &ips), s(&["192.168.0.2/32"]));
+        assert_eq!(NodePortAddresses::resolve_primary(&s(&["10.0.0.0/8"]), &ips), s(&["10.0.0.0/8"]));
+        let n = NodePortAddresses::new(IpFamily::V4, &NodePortAddresses::resolve_primary(&s(&["primary"]), &ips));
+        assert!(!n.match_all());
+        assert!(!n.contains_ipv4_loopback());
     }
 
     #[test]

@@ -123,12 +123,6 @@ pub fn total_endpoints(services: &ServicePortMap, endpoints: &EndpointsMap) -> u
     services.keys().map(|name| endpoints.get(name).map_or(0, Vec::len)).sum()
 }
 
-/// The masquerade mark for a mark bit, as Go's `%#08x` prints `1 << bit`: the width pads the
-/// digits, so bit 14 is `0x00004000`.
-pub fn masquerade_mark(bit: u32) -> String {
-    format!("0x{:08x}", 1u64 << bit.min(31))
-}
-
 /// Renders the filter and nat tables.
 pub fn render(cfg: &RenderConfig, input: &RenderInput<'_>, state: &RenderState) -> Rendered {
     let mut r = Renderer::new(cfg, input);
@@ -245,9 +239,8 @@ impl<'a> Renderer<'a> {
         let external_chain = svc.chains.external.as_str();
         let uses_external_chain = cat.has_any_endpoints && svc.externally_accessible();
         let fw_chain = svc.chains.firewall.as_str();
-        let uses_fw_chain = cat.has_any_endpoints
-            && !svc.load_balancer_ips.is_empty()
-            && !svc.load_balancer_source_ranges.is_empty();
+        let uses_fw_chain =
+            cat.has_any_endpoints && !svc.load_balancer_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty();
         let lb_chain = if uses_fw_chain { fw_chain } else { external_chain };
 
         let (internal_target, internal_comment, external_target, external_comment);
@@ -438,10 +431,10 @@ impl<'a> Renderer<'a> {
                     "-A {fw_chain} -m comment --comment \"{name} loadbalancer IP\" -s {} -j {external_chain}",
                     src.text
                 );
-                if let (Some(cidr), Some(node_ip)) = (&src.cidr, &self.cfg.node_ip) {
-                    if cidr.contains(node_ip) {
-                        allow_from_node = true;
-                    }
+                if let (Some(cidr), Some(node_ip)) = (&src.cidr, &self.cfg.node_ip)
+                    && cidr.contains(node_ip)
+                {
+                    allow_from_node = true;
                 }
             }
             if allow_from_node {
@@ -461,18 +454,17 @@ impl<'a> Renderer<'a> {
         }
 
         // KUBE-SVC- and KUBE-SVL-
-        for (used, chain, eps) in [
-            (uses_cluster_chain, cluster_chain, &cat.cluster),
-            (uses_local_chain, local_chain, &cat.local),
-        ] {
+        for (used, chain, eps) in
+            [(uses_cluster_chain, cluster_chain, &cat.cluster), (uses_local_chain, local_chain, &cat.local)]
+        {
             if !used {
                 continue;
             }
             let start = self.arena.len();
-            if internal_chain == chain {
-                if let Some(rule) = &internal_masq {
-                    self.arena.push_str(rule);
-                }
+            if internal_chain == chain
+                && let Some(rule) = &internal_masq
+            {
+                self.arena.push_str(rule);
             }
             self.service_to_endpoint_rules(svc, chain, eps);
             let end = self.arena.len();
@@ -515,12 +507,7 @@ impl<'a> Renderer<'a> {
         }
     }
 
-    fn service_to_endpoint_rules(
-        &mut self,
-        svc: &ServicePortInfo,
-        chain: &str,
-        eps: &[&'a EndpointRef],
-    ) {
+    fn service_to_endpoint_rules(&mut self, svc: &ServicePortInfo, chain: &str, eps: &[&'a EndpointRef]) {
         let name = svc.name_string.as_str();
         if let Some(secs) = svc.sticky_seconds {
             for ep in eps {
@@ -568,7 +555,8 @@ impl<'a> Renderer<'a> {
     }
 
     fn nodeports_tail(&mut self) {
-        let comment = "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
+        let comment =
+            "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\"";
         let npa = &self.cfg.node_port_addresses;
         let v6 = self.cfg.family == IpFamily::V6;
         if npa.match_all() {

@@ -12,9 +12,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::endpoints::EndpointsMap;
 use crate::model::ip::{format_ip, parse_ip_sloppy};
-use crate::model::{
-    EndpointInfo, EndpointRef, IpFamily, NamespacedName, Protocol, ServicePortName,
-};
+use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, Protocol, ServicePortName};
 
 /// The label naming the Service an EndpointSlice belongs to.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -29,17 +27,11 @@ pub enum InvalidEndpointSlice {
 }
 
 /// The Service an EndpointSlice belongs to and the slice's own name.
-pub fn endpoint_slice_keys(
-    slice: &EndpointSlice,
-) -> Result<(NamespacedName, String), InvalidEndpointSlice> {
+pub fn endpoint_slice_keys(slice: &EndpointSlice) -> Result<(NamespacedName, String), InvalidEndpointSlice> {
     let namespace = slice.metadata.namespace.clone().unwrap_or_default();
     let name = slice.metadata.name.clone().unwrap_or_default();
-    let service_name = slice
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|labels| labels.get(LABEL_SERVICE_NAME))
-        .filter(|s| !s.is_empty());
+    let service_name =
+        slice.metadata.labels.as_ref().and_then(|labels| labels.get(LABEL_SERVICE_NAME)).filter(|s| !s.is_empty());
     let Some(service_name) = service_name else {
         return Err(InvalidEndpointSlice::NoServiceName { namespace, name });
     };
@@ -83,31 +75,17 @@ pub struct EndpointSliceCache {
 
 impl EndpointSliceCache {
     pub fn new(node_name: impl Into<String>, family: IpFamily) -> EndpointSliceCache {
-        EndpointSliceCache {
-            node_name: node_name.into(),
-            family,
-            services: HashMap::new(),
-        }
+        EndpointSliceCache { node_name: node_name.into(), family, services: HashMap::new() }
     }
 
     /// Records `slice` (or its removal) as pending. Returns whether that changes anything:
     /// an update identical to the pending (or, with none pending, the applied) version is
     /// not a change, nor is removing a slice the cache never saw.
-    pub fn update_pending(
-        &mut self,
-        slice: &EndpointSlice,
-        remove: bool,
-    ) -> Result<bool, InvalidEndpointSlice> {
+    pub fn update_pending(&mut self, slice: &EndpointSlice, remove: bool) -> Result<bool, InvalidEndpointSlice> {
         let (service, slice_name) = endpoint_slice_keys(slice)?;
-        let data = SliceData {
-            slice: Arc::new(slice.clone()),
-            remove,
-        };
+        let data = SliceData { slice: Arc::new(slice.clone()), remove };
         let changed = match self.services.get(&service) {
-            Some(tracker) => match (
-                tracker.pending.get(&slice_name),
-                tracker.applied.get(&slice_name),
-            ) {
+            Some(tracker) => match (tracker.pending.get(&slice_name), tracker.applied.get(&slice_name)) {
                 (Some(pending), _) => *pending != data,
                 (None, Some(applied)) => *applied != data,
                 (None, None) => !remove,
@@ -115,11 +93,7 @@ impl EndpointSliceCache {
             None => !remove,
         };
         if changed {
-            self.services
-                .entry(service)
-                .or_default()
-                .pending
-                .insert(slice_name, data);
+            self.services.entry(service).or_default().pending.insert(slice_name, data);
         }
         Ok(changed)
     }
@@ -136,10 +110,7 @@ impl EndpointSliceCache {
     /// Marks every pending update as applied and returns, per changed Service, its
     /// endpoints before and after.
     pub(crate) fn checkout_changes(&mut self) -> BTreeMap<NamespacedName, EndpointsChange> {
-        let builder = Builder {
-            node_name: &self.node_name,
-            family: self.family,
-        };
+        let builder = Builder { node_name: &self.node_name, family: self.family };
         let mut changes = BTreeMap::new();
         let mut emptied = Vec::new();
         for (service, tracker) in self.services.iter_mut() {
@@ -175,11 +146,7 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     /// The endpoints map of one Service from its slices (upstream `getEndpointsMap`).
-    fn build<'a>(
-        &self,
-        service: &NamespacedName,
-        slices: impl Iterator<Item = &'a SliceData>,
-    ) -> EndpointsMap {
+    fn build<'a>(&self, service: &NamespacedName, slices: impl Iterator<Item = &'a SliceData>) -> EndpointsMap {
         // Per service port, endpoints keyed (and so sorted) by endpoint string.
         let mut by_port: BTreeMap<ServicePortName, BTreeMap<String, EndpointRef>> = BTreeMap::new();
         for data in slices {
@@ -247,8 +214,7 @@ impl Builder<'_> {
                     continue;
                 }
             };
-            let is_local =
-                !self.node_name.is_empty() && ep.node_name.as_deref() == Some(self.node_name);
+            let is_local = !self.node_name.is_empty() && ep.node_name.as_deref() == Some(self.node_name);
             let conditions = ep.conditions.as_ref();
             // 1.29 builds the endpoint string from the address as written, while its IP()
             // (used for hairpin rules and health-check counts) is the parsed, canonical form.
@@ -290,16 +256,11 @@ mod tests {
             cache.update_pending(s, *remove).expect("valid slice");
         }
         let mut changes = cache.checkout_changes();
-        changes
-            .remove(&NamespacedName::new("ns1", "svc1"))
-            .map(|c| c.current)
-            .unwrap_or_default()
+        changes.remove(&NamespacedName::new("ns1", "svc1")).map(|c| c.current).unwrap_or_default()
     }
 
     fn endpoints(map: &EndpointsMap, name: &ServicePortName) -> Vec<String> {
-        map.get(name)
-            .map(|eps| eps.iter().map(|e| e.endpoint.clone()).collect())
-            .unwrap_or_default()
+        map.get(name).map(|eps| eps.iter().map(|e| e.endpoint.clone()).collect()).unwrap_or_default()
     }
 
     #[test]
@@ -316,10 +277,7 @@ mod tests {
             .endpoint(ep("10.0.1.2"))
             .build();
         let map = apply(&mut cache, &[(a, false), (b, false)]);
-        assert_eq!(
-            endpoints(&map, &spn("http", Protocol::Tcp)),
-            ["10.0.1.10:80", "10.0.1.2:80", "10.0.1.3:80"]
-        );
+        assert_eq!(endpoints(&map, &spn("http", Protocol::Tcp)), ["10.0.1.10:80", "10.0.1.2:80", "10.0.1.3:80"]);
         assert_eq!(endpoints(&map, &spn("dns", Protocol::Udp)), ["10.0.1.2:53"]);
         assert_eq!(map.len(), 2);
     }
@@ -328,17 +286,10 @@ mod tests {
     fn endpoint_moving_between_slices_is_never_lost() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         let with = |name: &str, ips: &[&str]| {
-            ips.iter()
-                .fold(slice("ns1", "svc1", name).port("p", 80, "TCP"), |b, ip| {
-                    b.endpoint(ep(ip))
-                })
-                .build()
+            ips.iter().fold(slice("ns1", "svc1", name).port("p", 80, "TCP"), |b, ip| b.endpoint(ep(ip))).build()
         };
         let p = spn("p", Protocol::Tcp);
-        let map = apply(
-            &mut cache,
-            &[(with("s1", &["10.0.0.1", "10.0.0.2"]), false)],
-        );
+        let map = apply(&mut cache, &[(with("s1", &["10.0.0.1", "10.0.0.2"]), false)]);
         assert_eq!(endpoints(&map, &p), ["10.0.0.1:80", "10.0.0.2:80"]);
         // 10.0.0.2 shows up in s2 before it disappears from s1: seen twice, kept once.
         let map = apply(&mut cache, &[(with("s2", &["10.0.0.2"]), false)]);
@@ -346,10 +297,7 @@ mod tests {
         let map = apply(&mut cache, &[(with("s1", &["10.0.0.1"]), false)]);
         assert_eq!(endpoints(&map, &p), ["10.0.0.1:80", "10.0.0.2:80"]);
         // The other order: gone from s1 first, then in s3, within one sync.
-        let map = apply(
-            &mut cache,
-            &[(with("s1", &[]), false), (with("s3", &["10.0.0.1"]), false)],
-        );
+        let map = apply(&mut cache, &[(with("s1", &[]), false), (with("s3", &["10.0.0.1"]), false)]);
         assert_eq!(endpoints(&map, &p), ["10.0.0.1:80", "10.0.0.2:80"]);
     }
 
@@ -357,14 +305,8 @@ mod tests {
     fn duplicate_endpoint_prefers_the_local_copy() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         // "a" sorts first, so the remote copy is seen first and must be replaced.
-        let a = slice("ns1", "svc1", "a")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1").node("other"))
-            .build();
-        let b = slice("ns1", "svc1", "b")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1").node(NODE))
-            .build();
+        let a = slice("ns1", "svc1", "a").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node("other")).build();
+        let b = slice("ns1", "svc1", "b").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node(NODE)).build();
         let map = apply(&mut cache, &[(a.clone(), false), (b, false)]);
         let eps = &map[&spn("p", Protocol::Tcp)];
         assert_eq!(eps.len(), 1);
@@ -391,19 +333,11 @@ mod tests {
             .endpoint(ep("10.0.0.5").conditions(Some(false), Some(false), Some(true)))
             .build();
         let map = apply(&mut cache, &[(s, false)]);
-        let got: Vec<(bool, bool, bool)> = map[&spn("p", Protocol::Tcp)]
-            .iter()
-            .map(|e| (e.ready, e.serving, e.terminating))
-            .collect();
+        let got: Vec<(bool, bool, bool)> =
+            map[&spn("p", Protocol::Tcp)].iter().map(|e| (e.ready, e.serving, e.terminating)).collect();
         assert_eq!(
             got,
-            [
-                (true, true, false),
-                (true, true, false),
-                (false, true, false),
-                (false, true, true),
-                (false, false, true),
-            ]
+            [(true, true, false), (true, true, false), (false, true, false), (false, true, true), (false, false, true),]
         );
     }
 
@@ -418,14 +352,7 @@ mod tests {
         let map = apply(&mut cache, &[(s, false)]);
         let eps = &map[&spn("p80", Protocol::Tcp)];
         assert!(eps[0].is_local && !eps[1].is_local);
-        assert_eq!(
-            eps[0]
-                .zone_hints
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-            ["zone-a", "zone-b"]
-        );
+        assert_eq!(eps[0].zone_hints.iter().map(String::as_str).collect::<Vec<_>>(), ["zone-a", "zone-b"]);
         assert!(eps[1].zone_hints.is_empty());
         // Upstream's own test name for ns1/svc1:p80 endpoint 10.180.0.1:80.
         assert_eq!(eps[0].chain_name, "KUBE-SEP-SXIVWICOYRO3J4NJ");
@@ -434,21 +361,14 @@ mod tests {
 
         // Without a node name nothing is local.
         let mut cache = EndpointSliceCache::new("", IpFamily::V4);
-        let s = slice("ns1", "svc1", "s")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1").node(""))
-            .build();
+        let s = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node("")).build();
         assert!(!apply(&mut cache, &[(s, false)])[&spn("p", Protocol::Tcp)][0].is_local);
     }
 
     #[test]
     fn address_text_is_kept_but_ip_is_canonical() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V6);
-        let s = slice("ns1", "svc1", "s")
-            .address_type("IPv6")
-            .port("p", 80, "TCP")
-            .endpoint(ep("FD00:0::1"))
-            .build();
+        let s = slice("ns1", "svc1", "s").address_type("IPv6").port("p", 80, "TCP").endpoint(ep("FD00:0::1")).build();
         let map = apply(&mut cache, &[(s, false)]);
         let e = &map[&spn("p", Protocol::Tcp)][0];
         assert_eq!(e.endpoint, "[FD00:0::1]:80");
@@ -459,33 +379,13 @@ mod tests {
     fn invalid_ports_and_endpoints_are_skipped() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         let s = slice("ns1", "svc1", "s")
-            .raw_port(EndpointPort {
-                name: None,
-                port: Some(81),
-                ..Default::default()
-            })
-            .raw_port(EndpointPort {
-                name: Some("noport".into()),
-                port: None,
-                ..Default::default()
-            })
-            .raw_port(EndpointPort {
-                name: Some("zero".into()),
-                port: Some(0),
-                ..Default::default()
-            })
-            .raw_port(EndpointPort {
-                name: Some("big".into()),
-                port: Some(70000),
-                ..Default::default()
-            })
+            .raw_port(EndpointPort { name: None, port: Some(81), ..Default::default() })
+            .raw_port(EndpointPort { name: Some("noport".into()), port: None, ..Default::default() })
+            .raw_port(EndpointPort { name: Some("zero".into()), port: Some(0), ..Default::default() })
+            .raw_port(EndpointPort { name: Some("big".into()), port: Some(70000), ..Default::default() })
             .port("icmp", 1, "ICMP")
             // An absent protocol is read as TCP.
-            .raw_port(EndpointPort {
-                name: Some("noproto".into()),
-                port: Some(82),
-                ..Default::default()
-            })
+            .raw_port(EndpointPort { name: Some("noproto".into()), port: Some(82), ..Default::default() })
             .endpoint(ep("10.0.0.1"))
             .endpoint(ep("10.0.0.2").no_addresses())
             .endpoint(ep("fd00::1"))
@@ -493,10 +393,7 @@ mod tests {
             .build();
         let map = apply(&mut cache, &[(s, false)]);
         assert_eq!(map.len(), 1);
-        assert_eq!(
-            endpoints(&map, &spn("noproto", Protocol::Tcp)),
-            ["10.0.0.1:82"]
-        );
+        assert_eq!(endpoints(&map, &spn("noproto", Protocol::Tcp)), ["10.0.0.1:82"]);
     }
 
     #[test]
@@ -509,14 +406,8 @@ mod tests {
     #[test]
     fn change_detection_compares_with_pending_then_applied() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
-        let v1 = slice("ns1", "svc1", "s")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1"))
-            .build();
-        let v2 = slice("ns1", "svc1", "s")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.2"))
-            .build();
+        let v1 = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).build();
+        let v2 = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.2")).build();
         assert_eq!(cache.update_pending(&v1, true), Ok(false));
         assert_eq!(cache.update_pending(&v1, false), Ok(true));
         assert_eq!(cache.update_pending(&v1, false), Ok(false));
@@ -529,10 +420,7 @@ mod tests {
         // Compared with the applied value now.
         assert_eq!(cache.update_pending(&v1, false), Ok(false));
         assert_eq!(cache.update_pending(&v1, true), Ok(true));
-        let change = cache
-            .checkout_changes()
-            .remove(&NamespacedName::new("ns1", "svc1"))
-            .unwrap();
+        let change = cache.checkout_changes().remove(&NamespacedName::new("ns1", "svc1")).unwrap();
         assert_eq!(change.previous.len(), 1);
         assert!(change.current.is_empty());
         // The Service's entry goes once its last slice is gone.
@@ -542,22 +430,13 @@ mod tests {
     #[test]
     fn slice_keys() {
         let s = slice("ns1", "svc1", "svc1-abc").build();
-        assert_eq!(
-            endpoint_slice_keys(&s),
-            Ok((NamespacedName::new("ns1", "svc1"), "svc1-abc".to_owned()))
-        );
+        assert_eq!(endpoint_slice_keys(&s), Ok((NamespacedName::new("ns1", "svc1"), "svc1-abc".to_owned())));
         let mut no_label = s.clone();
         no_label.metadata.labels = Some(Default::default());
         let err = endpoint_slice_keys(&no_label).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "endpoint slice ns1/svc1-abc: no kubernetes.io/service-name label"
-        );
+        assert_eq!(err.to_string(), "endpoint slice ns1/svc1-abc: no kubernetes.io/service-name label");
         let mut no_ns = s;
         no_ns.metadata.namespace = None;
-        assert!(matches!(
-            endpoint_slice_keys(&no_ns),
-            Err(InvalidEndpointSlice::NoName { .. })
-        ));
+        assert!(matches!(endpoint_slice_keys(&no_ns), Err(InvalidEndpointSlice::NoName { .. })));
     }
 }

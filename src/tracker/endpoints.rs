@@ -13,8 +13,7 @@ use super::endpoint_slice_cache::{EndpointSliceCache, endpoint_slice_keys};
 use crate::model::{EndpointRef, IpFamily, NamespacedName, Protocol, ServicePortName};
 
 /// Annotation on EndpointSlices recording when the change they carry was triggered.
-pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
-    "endpoints.kubernetes.io/last-change-trigger-time";
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// Endpoints of every service port, keyed by [`ServicePortName`], each list sorted by
 /// endpoint string; a newtype over the `HashMap` so it can carry `update`, and derefs to it
@@ -85,39 +84,28 @@ impl EndpointsMap {
                 ips.entry(&name.service).or_default().insert(ep.ip.as_str());
             }
         }
-        ips.into_iter()
-            .map(|(service, set)| (service.clone(), set.len()))
-            .collect()
+        ips.into_iter().map(|(service, set)| (service.clone(), set.len())).collect()
     }
 }
 
 /// Upstream `detectStaleConntrackEntries` for one Service's change.
-fn detect_stale_conntrack_entries(
-    previous: &EndpointsMap,
-    current: &EndpointsMap,
-    result: &mut EndpointsUpdateResult,
-) {
+fn detect_stale_conntrack_entries(previous: &EndpointsMap, current: &EndpointsMap, result: &mut EndpointsUpdateResult) {
     for (name, old_endpoints) in previous.iter().filter(|(n, _)| n.protocol == Protocol::Udp) {
         let new_endpoints = current.get(name).map(Vec::as_slice).unwrap_or_default();
         // An endpoint that was not ready got no traffic, so it has no entries.
         for old in old_endpoints.iter().filter(|ep| ep.ready) {
-            let still_there = new_endpoints.iter().any(|new| {
-                new.endpoint == old.endpoint
-                    && new.is_local == old.is_local
-                    && new.ready == old.ready
-            });
+            let still_there = new_endpoints
+                .iter()
+                .any(|new| new.endpoint == old.endpoint && new.is_local == old.is_local && new.ready == old.ready);
             if !still_there {
-                result.deleted_udp_endpoints.push(ServiceEndpoint {
-                    service_port_name: name.clone(),
-                    endpoint: old.endpoint.clone(),
-                });
+                result
+                    .deleted_udp_endpoints
+                    .push(ServiceEndpoint { service_port_name: name.clone(), endpoint: old.endpoint.clone() });
             }
         }
     }
     for (name, new_endpoints) in current.iter().filter(|(n, _)| n.protocol == Protocol::Udp) {
-        let had_ready = previous
-            .get(name)
-            .is_some_and(|eps| eps.iter().any(|ep| ep.ready));
+        let had_ready = previous.get(name).is_some_and(|eps| eps.iter().any(|ep| ep.ready));
         if !had_ready && new_endpoints.iter().any(|ep| ep.ready) {
             result.newly_active_udp_services.push(name.clone());
         }
@@ -220,10 +208,7 @@ impl EndpointChangeTracker {
             } else if let Some(time) = last_change_trigger_time(slice)
                 && time > self.start_time
             {
-                self.last_change_trigger_times
-                    .entry(service)
-                    .or_default()
-                    .push(time);
+                self.last_change_trigger_times.entry(service).or_default().push(time);
             }
         }
         changed
@@ -237,9 +222,7 @@ impl EndpointChangeTracker {
 
 /// The current time (jiff is built without its `std` feature, so no `Timestamp::now`).
 fn now() -> Timestamp {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let seconds = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
     let nanos = i32::try_from(since_epoch.subsec_nanos()).unwrap_or(0);
     Timestamp::new(seconds, nanos).unwrap_or(Timestamp::MAX)
@@ -247,18 +230,11 @@ fn now() -> Timestamp {
 
 /// The slice's last-change-trigger-time annotation, if present and valid RFC 3339.
 fn last_change_trigger_time(slice: &EndpointSlice) -> Option<Timestamp> {
-    let value = slice
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
+    let value = slice.metadata.annotations.as_ref()?.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
     match value.parse::<Timestamp>() {
         Ok(time) => Some(time),
         Err(err) => {
-            tracing::warn!(
-                value = value.as_str(),
-                "invalid {ANNOTATION_LAST_CHANGE_TRIGGER_TIME} annotation: {err}"
-            );
+            tracing::warn!(value = value.as_str(), "invalid {ANNOTATION_LAST_CHANGE_TRIGGER_TIME} annotation: {err}");
             None
         }
     }
@@ -286,14 +262,7 @@ mod tests {
 
     fn summary(map: &EndpointsMap) -> Summary {
         map.iter()
-            .map(|(name, eps)| {
-                (
-                    name.clone(),
-                    eps.iter()
-                        .map(|e| (e.endpoint.clone(), e.is_local))
-                        .collect(),
-                )
-            })
+            .map(|(name, eps)| (name.clone(), eps.iter().map(|e| (e.endpoint.clone(), e.is_local)).collect()))
             .collect()
     }
 
@@ -303,19 +272,12 @@ mod tests {
     fn expect(entries: &[Row<'_>]) -> Summary {
         entries
             .iter()
-            .map(|(ns, name, port, eps)| {
-                (
-                    spn(ns, name, port),
-                    eps.iter().map(|(e, l)| (e.to_string(), *l)).collect(),
-                )
-            })
+            .map(|(ns, name, port, eps)| (spn(ns, name, port), eps.iter().map(|(e, l)| (e.to_string(), *l)).collect()))
             .collect()
     }
 
     fn udp(b: SliceBuilder, ports: &[(&str, i32)]) -> SliceBuilder {
-        ports
-            .iter()
-            .fold(b, |b, (name, port)| b.port(name, *port, "UDP"))
+        ports.iter().fold(b, |b, (name, port)| b.port(name, *port, "UDP"))
     }
 
     struct Case {
@@ -331,38 +293,20 @@ mod tests {
 
     // The slices of upstream's TestUpdateEndpointsMap (iptables proxier_test.go).
     fn named_port_local() -> EndpointSlice {
-        udp(
-            slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1").node(NODE)),
-            &[("p11", 11)],
-        )
-        .build()
+        udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1").node(NODE)), &[("p11", 11)]).build()
     }
     fn named_port() -> EndpointSlice {
-        udp(
-            slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")),
-            &[("p11", 11)],
-        )
-        .build()
+        udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")), &[("p11", 11)]).build()
     }
     fn subset2() -> EndpointSlice {
-        udp(
-            slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.2")),
-            &[("p12", 12)],
-        )
-        .build()
+        udp(slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.2")), &[("p12", 12)]).build()
     }
     fn subset_local2() -> EndpointSlice {
-        udp(
-            slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.2").node(NODE)),
-            &[("p12", 12)],
-        )
-        .build()
+        udp(slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.2").node(NODE)), &[("p12", 12)]).build()
     }
     fn named_ports_local_no_local() -> EndpointSlice {
         udp(
-            slice("ns1", "ep1", "ep1-1")
-                .endpoint(ep("10.1.1.1"))
-                .endpoint(ep("10.1.1.2").node(NODE)),
+            slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")).endpoint(ep("10.1.1.2").node(NODE)),
             &[("p11", 11), ("p12", 12)],
         )
         .build()
@@ -370,46 +314,31 @@ mod tests {
     fn multiple_subsets_multiple_ports_local() -> Vec<Option<EndpointSlice>> {
         vec![
             Some(
-                udp(
-                    slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1").node(NODE)),
-                    &[("p11", 11), ("p12", 12)],
-                )
-                .build(),
+                udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1").node(NODE)), &[("p11", 11), ("p12", 12)])
+                    .build(),
             ),
-            Some(
-                udp(
-                    slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.3")),
-                    &[("p13", 13)],
-                )
-                .build(),
-            ),
+            Some(udp(slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.3")), &[("p13", 13)]).build()),
         ]
     }
     fn multiple_subsets_ips_ports() -> Vec<Option<EndpointSlice>> {
         vec![
             Some(
                 udp(
-                    slice("ns1", "ep1", "ep1-1")
-                        .endpoint(ep("10.1.1.1"))
-                        .endpoint(ep("10.1.1.2").node(NODE)),
+                    slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")).endpoint(ep("10.1.1.2").node(NODE)),
                     &[("p11", 11), ("p12", 12)],
                 )
                 .build(),
             ),
             Some(
                 udp(
-                    slice("ns1", "ep1", "ep1-2")
-                        .endpoint(ep("10.1.1.3"))
-                        .endpoint(ep("10.1.1.4").node(NODE)),
+                    slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.3")).endpoint(ep("10.1.1.4").node(NODE)),
                     &[("p13", 13), ("p14", 14)],
                 )
                 .build(),
             ),
             Some(
                 udp(
-                    slice("ns2", "ep2", "ep2-1")
-                        .endpoint(ep("10.2.2.1"))
-                        .endpoint(ep("10.2.2.2").node(NODE)),
+                    slice("ns2", "ep2", "ep2-1").endpoint(ep("10.2.2.1")).endpoint(ep("10.2.2.2").node(NODE)),
                     &[("p21", 21), ("p22", 22)],
                 )
                 .build(),
@@ -480,80 +409,20 @@ mod tests {
                 previous: multiple_subsets_ips_ports(),
                 current: multiple_subsets_ips_ports(),
                 old: expect(&[
-                    (
-                        "ns1",
-                        "ep1",
-                        "p11",
-                        &[("10.1.1.1:11", false), ("10.1.1.2:11", true)],
-                    ),
-                    (
-                        "ns1",
-                        "ep1",
-                        "p12",
-                        &[("10.1.1.1:12", false), ("10.1.1.2:12", true)],
-                    ),
-                    (
-                        "ns1",
-                        "ep1",
-                        "p13",
-                        &[("10.1.1.3:13", false), ("10.1.1.4:13", true)],
-                    ),
-                    (
-                        "ns1",
-                        "ep1",
-                        "p14",
-                        &[("10.1.1.3:14", false), ("10.1.1.4:14", true)],
-                    ),
-                    (
-                        "ns2",
-                        "ep2",
-                        "p21",
-                        &[("10.2.2.1:21", false), ("10.2.2.2:21", true)],
-                    ),
-                    (
-                        "ns2",
-                        "ep2",
-                        "p22",
-                        &[("10.2.2.1:22", false), ("10.2.2.2:22", true)],
-                    ),
+                    ("ns1", "ep1", "p11", &[("10.1.1.1:11", false), ("10.1.1.2:11", true)]),
+                    ("ns1", "ep1", "p12", &[("10.1.1.1:12", false), ("10.1.1.2:12", true)]),
+                    ("ns1", "ep1", "p13", &[("10.1.1.3:13", false), ("10.1.1.4:13", true)]),
+                    ("ns1", "ep1", "p14", &[("10.1.1.3:14", false), ("10.1.1.4:14", true)]),
+                    ("ns2", "ep2", "p21", &[("10.2.2.1:21", false), ("10.2.2.2:21", true)]),
+                    ("ns2", "ep2", "p22", &[("10.2.2.1:22", false), ("10.2.2.2:22", true)]),
                 ]),
                 expected: expect(&[
-                    (
-                        "ns1",
-                        "ep1",
-                        "p11",
-                        &[("10.1.1.1:11", false), ("10.1.1.2:11", true)],
-                    ),
-                    (
-                        "ns1",
-                        "ep1",
-                        "p12",
-                        &[("10.1.1.1:12", false), ("10.1.1.2:12", true)],
-                    ),
-                    (
-                        "ns1",
-                        "ep1",
-                        "p13",
-                        &[("10.1.1.3:13", false), ("10.1.1.4:13", true)],
-                    ),
-                    (
-                        "ns1",
-                        "ep1",
-                        "p14",
-                        &[("10.1.1.3:14", false), ("10.1.1.4:14", true)],
-                    ),
-                    (
-                        "ns2",
-                        "ep2",
-                        "p21",
-                        &[("10.2.2.1:21", false), ("10.2.2.2:21", true)],
-                    ),
-                    (
-                        "ns2",
-                        "ep2",
-                        "p22",
-                        &[("10.2.2.1:22", false), ("10.2.2.2:22", true)],
-                    ),
+                    ("ns1", "ep1", "p11", &[("10.1.1.1:11", false), ("10.1.1.2:11", true)]),
+                    ("ns1", "ep1", "p12", &[("10.1.1.1:12", false), ("10.1.1.2:12", true)]),
+                    ("ns1", "ep1", "p13", &[("10.1.1.3:13", false), ("10.1.1.4:13", true)]),
+                    ("ns1", "ep1", "p14", &[("10.1.1.3:14", false), ("10.1.1.4:14", true)]),
+                    ("ns2", "ep2", "p21", &[("10.2.2.1:21", false), ("10.2.2.2:21", true)]),
+                    ("ns2", "ep2", "p22", &[("10.2.2.1:22", false), ("10.2.2.2:22", true)]),
                 ]),
                 deleted: vec![],
                 newly_active: vec![],
@@ -585,18 +454,8 @@ mod tests {
                 current: vec![Some(named_ports_local_no_local())],
                 old: ep1_named.clone(),
                 expected: expect(&[
-                    (
-                        "ns1",
-                        "ep1",
-                        "p11",
-                        &[("10.1.1.1:11", false), ("10.1.1.2:11", true)],
-                    ),
-                    (
-                        "ns1",
-                        "ep1",
-                        "p12",
-                        &[("10.1.1.1:12", false), ("10.1.1.2:12", true)],
-                    ),
+                    ("ns1", "ep1", "p11", &[("10.1.1.1:11", false), ("10.1.1.2:11", true)]),
+                    ("ns1", "ep1", "p12", &[("10.1.1.1:12", false), ("10.1.1.2:12", true)]),
                 ]),
                 deleted: vec![],
                 newly_active: vec![spn("ns1", "ep1", "p12")],
@@ -607,18 +466,8 @@ mod tests {
                 previous: vec![Some(named_ports_local_no_local())],
                 current: vec![Some(named_port())],
                 old: expect(&[
-                    (
-                        "ns1",
-                        "ep1",
-                        "p11",
-                        &[("10.1.1.1:11", false), ("10.1.1.2:11", true)],
-                    ),
-                    (
-                        "ns1",
-                        "ep1",
-                        "p12",
-                        &[("10.1.1.1:12", false), ("10.1.1.2:12", true)],
-                    ),
+                    ("ns1", "ep1", "p11", &[("10.1.1.1:11", false), ("10.1.1.2:11", true)]),
+                    ("ns1", "ep1", "p12", &[("10.1.1.1:12", false), ("10.1.1.2:12", true)]),
                 ]),
                 expected: ep1_named.clone(),
                 deleted: vec![
@@ -659,11 +508,7 @@ mod tests {
                 name: "rename a port",
                 previous: vec![Some(named_port())],
                 current: vec![Some(
-                    udp(
-                        slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")),
-                        &[("p11-2", 11)],
-                    )
-                    .build(),
+                    udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")), &[("p11-2", 11)]).build(),
                 )],
                 old: ep1_named.clone(),
                 expected: expect(&[("ns1", "ep1", "p11-2", &[("10.1.1.1:11", false)])]),
@@ -674,13 +519,7 @@ mod tests {
             Case {
                 name: "renumber a port",
                 previous: vec![Some(named_port())],
-                current: vec![Some(
-                    udp(
-                        slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")),
-                        &[("p11", 22)],
-                    )
-                    .build(),
-                )],
+                current: vec![Some(udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")), &[("p11", 22)]).build())],
                 old: ep1_named.clone(),
                 expected: expect(&[("ns1", "ep1", "p11", &[("10.1.1.1:22", false)])]),
                 deleted: vec![(spn("ns1", "ep1", "p11"), "10.1.1.1:11")],
@@ -704,95 +543,40 @@ mod tests {
     fn complex_add_and_remove() -> Case {
         let s = |ns: &str, svc: &str, n: &str, eps: &[(&str, bool)], ports: &[(&str, i32)]| {
             let b = eps.iter().fold(slice(ns, svc, n), |b, (addr, local)| {
-                b.endpoint(if *local {
-                    ep(addr).node(NODE)
-                } else {
-                    ep(addr)
-                })
+                b.endpoint(if *local { ep(addr).node(NODE) } else { ep(addr) })
             });
             Some(udp(b, ports).build())
         };
         Case {
             name: "complex add and remove",
             previous: vec![
-                s(
-                    "ns1",
-                    "ep1",
-                    "ep1-1",
-                    &[("10.1.1.1", false)],
-                    &[("p11", 11)],
-                ),
+                s("ns1", "ep1", "ep1-1", &[("10.1.1.1", false)], &[("p11", 11)]),
                 None,
-                s(
-                    "ns2",
-                    "ep2",
-                    "ep2-1",
-                    &[("10.2.2.2", true), ("10.2.2.22", true)],
-                    &[("p22", 22)],
-                ),
+                s("ns2", "ep2", "ep2-1", &[("10.2.2.2", true), ("10.2.2.22", true)], &[("p22", 22)]),
                 s("ns2", "ep2", "ep2-2", &[("10.2.2.3", true)], &[("p23", 23)]),
                 None,
-                s(
-                    "ns4",
-                    "ep4",
-                    "ep4-1",
-                    &[("10.4.4.4", true), ("10.4.4.5", true)],
-                    &[("p44", 44)],
-                ),
+                s("ns4", "ep4", "ep4-1", &[("10.4.4.4", true), ("10.4.4.5", true)], &[("p44", 44)]),
                 s("ns4", "ep4", "ep4-2", &[("10.4.4.6", true)], &[("p45", 45)]),
             ],
             current: vec![
-                s(
-                    "ns1",
-                    "ep1",
-                    "ep1-1",
-                    &[("10.1.1.1", false), ("10.1.1.11", false)],
-                    &[("p11", 11)],
-                ),
-                s(
-                    "ns1",
-                    "ep1",
-                    "ep1-2",
-                    &[("10.1.1.2", false)],
-                    &[("p12", 12), ("p122", 122)],
-                ),
+                s("ns1", "ep1", "ep1-1", &[("10.1.1.1", false), ("10.1.1.11", false)], &[("p11", 11)]),
+                s("ns1", "ep1", "ep1-2", &[("10.1.1.2", false)], &[("p12", 12), ("p122", 122)]),
                 None,
                 None,
-                s(
-                    "ns3",
-                    "ep3",
-                    "ep3-1",
-                    &[("10.3.3.3", false)],
-                    &[("p33", 33)],
-                ),
+                s("ns3", "ep3", "ep3-1", &[("10.3.3.3", false)], &[("p33", 33)]),
                 s("ns4", "ep4", "ep4-1", &[("10.4.4.4", true)], &[("p44", 44)]),
                 None,
             ],
             old: expect(&[
                 ("ns1", "ep1", "p11", &[("10.1.1.1:11", false)]),
-                (
-                    "ns2",
-                    "ep2",
-                    "p22",
-                    &[("10.2.2.22:22", true), ("10.2.2.2:22", true)],
-                ),
+                ("ns2", "ep2", "p22", &[("10.2.2.22:22", true), ("10.2.2.2:22", true)]),
                 ("ns2", "ep2", "p23", &[("10.2.2.3:23", true)]),
-                (
-                    "ns4",
-                    "ep4",
-                    "p44",
-                    &[("10.4.4.4:44", true), ("10.4.4.5:44", true)],
-                ),
+                ("ns4", "ep4", "p44", &[("10.4.4.4:44", true), ("10.4.4.5:44", true)]),
                 ("ns4", "ep4", "p45", &[("10.4.4.6:45", true)]),
             ]),
             // Sorted as strings: "10.1.1.11:11" < "10.1.1.1:11".
             expected: expect(&[
-                (
-                    "ns1",
-                    "ep1",
-                    "p11",
-                    &[("10.1.1.11:11", false), ("10.1.1.1:11", false)],
-                ),
+                ("ns1", "ep1", "p11", &[("10.1.1.11:11", false), ("10.1.1.1:11", false)]),
                 ("ns1", "ep1", "p12", &[("10.1.1.2:12", false)]),
                 ("ns1", "ep1", "p122", &[("10.1.1.2:122", false)]),
                 ("ns3", "ep3", "p33", &[("10.3.3.3:33", false)]),
@@ -805,11 +589,7 @@ mod tests {
                 (spn("ns4", "ep4", "p44"), "10.4.4.5:44"),
                 (spn("ns4", "ep4", "p45"), "10.4.4.6:45"),
             ],
-            newly_active: vec![
-                spn("ns1", "ep1", "p12"),
-                spn("ns1", "ep1", "p122"),
-                spn("ns3", "ep3", "p33"),
-            ],
+            newly_active: vec![spn("ns1", "ep1", "p12"), spn("ns1", "ep1", "p122"), spn("ns3", "ep3", "p33")],
             local: LocalReadyEndpoints::from([(NamespacedName::new("ns4", "ep4"), 1)]),
         }
     }
@@ -839,30 +619,14 @@ mod tests {
             let mut deleted: Vec<ServiceEndpoint> = case
                 .deleted
                 .iter()
-                .map(|(name, e)| ServiceEndpoint {
-                    service_port_name: name.clone(),
-                    endpoint: e.to_string(),
-                })
+                .map(|(name, e)| ServiceEndpoint { service_port_name: name.clone(), endpoint: e.to_string() })
                 .collect();
             deleted.sort();
-            assert_eq!(
-                result.deleted_udp_endpoints, deleted,
-                "{}: deleted",
-                case.name
-            );
+            assert_eq!(result.deleted_udp_endpoints, deleted, "{}: deleted", case.name);
             let mut newly_active = case.newly_active.clone();
             newly_active.sort();
-            assert_eq!(
-                result.newly_active_udp_services, newly_active,
-                "{}: newly active",
-                case.name
-            );
-            assert_eq!(
-                map.local_ready_endpoints(),
-                case.local,
-                "{}: local",
-                case.name
-            );
+            assert_eq!(result.newly_active_udp_services, newly_active, "{}: newly active", case.name);
+            assert_eq!(map.local_ready_endpoints(), case.local, "{}: local", case.name);
         }
     }
 
@@ -874,42 +638,19 @@ mod tests {
             .endpoint(ep("10.0.1.1").conditions(Some(true), None, None).node(NODE))
             .endpoint(ep("10.0.1.2").conditions(Some(true), None, None).node(NODE))
             .endpoint(ep("10.0.1.3").conditions(Some(true), None, None).node(NODE))
-            .endpoint(
-                ep("10.0.1.4")
-                    .conditions(Some(false), None, None)
-                    .node(NODE),
-            )
+            .endpoint(ep("10.0.1.4").conditions(Some(false), None, None).node(NODE))
             .build();
         let mut tracker = tracker();
         let mut map = EndpointsMap::new();
         tracker.endpoint_slice_update(&ready, false);
         map.update(&mut tracker);
-        assert_eq!(
-            map.local_ready_endpoints(),
-            LocalReadyEndpoints::from([(NamespacedName::new("ns1", "svc1"), 3)])
-        );
+        assert_eq!(map.local_ready_endpoints(), LocalReadyEndpoints::from([(NamespacedName::new("ns1", "svc1"), 3)]));
 
         let terminating = base()
-            .endpoint(
-                ep("10.0.1.1")
-                    .conditions(Some(false), Some(true), Some(false))
-                    .node(NODE),
-            )
-            .endpoint(
-                ep("10.0.1.2")
-                    .conditions(Some(false), Some(true), Some(true))
-                    .node(NODE),
-            )
-            .endpoint(
-                ep("10.0.1.3")
-                    .conditions(Some(false), Some(true), Some(true))
-                    .node(NODE),
-            )
-            .endpoint(
-                ep("10.0.1.4")
-                    .conditions(Some(false), Some(false), Some(true))
-                    .node(NODE),
-            )
+            .endpoint(ep("10.0.1.1").conditions(Some(false), Some(true), Some(false)).node(NODE))
+            .endpoint(ep("10.0.1.2").conditions(Some(false), Some(true), Some(true)).node(NODE))
+            .endpoint(ep("10.0.1.3").conditions(Some(false), Some(true), Some(true)).node(NODE))
+            .endpoint(ep("10.0.1.4").conditions(Some(false), Some(false), Some(true)).node(NODE))
             .build();
         tracker.endpoint_slice_update(&terminating, false);
         map.update(&mut tracker);
@@ -928,10 +669,7 @@ mod tests {
         let mut map = EndpointsMap::new();
         tracker.endpoint_slice_update(&s, false);
         map.update(&mut tracker);
-        assert_eq!(
-            map.local_ready_endpoints(),
-            LocalReadyEndpoints::from([(NamespacedName::new("ns", "svc"), 1)])
-        );
+        assert_eq!(map.local_ready_endpoints(), LocalReadyEndpoints::from([(NamespacedName::new("ns", "svc"), 1)]));
     }
 
     #[test]
@@ -942,29 +680,20 @@ mod tests {
         let mut tracker = tracker();
         let mut map = EndpointsMap::new();
         tracker.endpoint_slice_update(
-            &base()
-                .endpoint(ep("10.180.0.1").conditions(Some(false), None, None))
-                .build(),
+            &base().endpoint(ep("10.180.0.1").conditions(Some(false), None, None)).build(),
             false,
         );
         let result = map.update(&mut tracker);
         assert!(result.newly_active_udp_services.is_empty());
         tracker.endpoint_slice_update(
-            &base()
-                .endpoint(ep("10.180.0.1").conditions(Some(true), None, None))
-                .build(),
+            &base().endpoint(ep("10.180.0.1").conditions(Some(true), None, None)).build(),
             false,
         );
         let result = map.update(&mut tracker);
-        assert_eq!(
-            result.newly_active_udp_services,
-            [spn("ns1", "svc1", "p80")]
-        );
+        assert_eq!(result.newly_active_udp_services, [spn("ns1", "svc1", "p80")]);
         // Going unready makes the (previously ready) endpoint stale.
         tracker.endpoint_slice_update(
-            &base()
-                .endpoint(ep("10.180.0.1").conditions(Some(false), None, None))
-                .build(),
+            &base().endpoint(ep("10.180.0.1").conditions(Some(false), None, None)).build(),
             false,
         );
         let result = map.update(&mut tracker);
@@ -974,19 +703,13 @@ mod tests {
 
     #[test]
     fn tcp_changes_report_nothing_for_conntrack() {
-        let s = slice("ns", "svc", "svc-1")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1"))
-            .build();
+        let s = slice("ns", "svc", "svc-1").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).build();
         let mut tracker = tracker();
         let mut map = EndpointsMap::new();
         tracker.endpoint_slice_update(&s, false);
         let result = map.update(&mut tracker);
         assert!(result.newly_active_udp_services.is_empty());
-        assert_eq!(
-            result.updated_services,
-            HashSet::from([NamespacedName::new("ns", "svc")])
-        );
+        assert_eq!(result.updated_services, HashSet::from([NamespacedName::new("ns", "svc")]));
         tracker.endpoint_slice_update(&s, true);
         let result = map.update(&mut tracker);
         assert!(result.deleted_udp_endpoints.is_empty());
@@ -996,22 +719,12 @@ mod tests {
     #[test]
     fn other_address_types_and_unlabelled_slices_are_ignored() {
         let mut tracker = tracker();
-        let v6 = slice("ns", "svc", "v6")
-            .address_type("IPv6")
-            .port("p", 80, "TCP")
-            .endpoint(ep("fd00::1"))
-            .build();
-        let fqdn = slice("ns", "svc", "fqdn")
-            .address_type("FQDN")
-            .port("p", 80, "TCP")
-            .endpoint(ep("example.com"))
-            .build();
+        let v6 = slice("ns", "svc", "v6").address_type("IPv6").port("p", 80, "TCP").endpoint(ep("fd00::1")).build();
+        let fqdn =
+            slice("ns", "svc", "fqdn").address_type("FQDN").port("p", 80, "TCP").endpoint(ep("example.com")).build();
         assert!(!tracker.endpoint_slice_update(&v6, false));
         assert!(!tracker.endpoint_slice_update(&fqdn, false));
-        let mut unlabelled = slice("ns", "svc", "x")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1"))
-            .build();
+        let mut unlabelled = slice("ns", "svc", "x").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).build();
         unlabelled.metadata.labels = None;
         assert!(!tracker.endpoint_slice_update(&unlabelled, false));
         let mut unnamed = slice("ns", "svc", "x").build();
@@ -1019,8 +732,7 @@ mod tests {
         assert!(!tracker.endpoint_slice_update(&unnamed, false));
         assert!(tracker.pending_changes().is_empty());
 
-        let mut v6_tracker =
-            EndpointChangeTracker::with_start_time(NODE, IpFamily::V6, Timestamp::UNIX_EPOCH);
+        let mut v6_tracker = EndpointChangeTracker::with_start_time(NODE, IpFamily::V6, Timestamp::UNIX_EPOCH);
         assert!(v6_tracker.endpoint_slice_update(&v6, false));
         let mut map = EndpointsMap::new();
         map.update(&mut v6_tracker);
@@ -1031,36 +743,24 @@ mod tests {
 
     #[test]
     fn pending_changes_and_no_op_updates() {
-        let s = slice("ns", "svc", "svc-1")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1"))
-            .build();
+        let s = slice("ns", "svc", "svc-1").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).build();
         let mut tracker = tracker();
         // Removing a slice never seen is not a change.
         assert!(!tracker.endpoint_slice_update(&s, true));
         assert!(tracker.endpoint_slice_update(&s, false));
         // The same object again is not a change.
         assert!(!tracker.endpoint_slice_update(&s, false));
-        assert_eq!(
-            tracker.pending_changes(),
-            HashSet::from([NamespacedName::new("ns", "svc")])
-        );
+        assert_eq!(tracker.pending_changes(), HashSet::from([NamespacedName::new("ns", "svc")]));
         let mut map = EndpointsMap::new();
         map.update(&mut tracker);
         assert!(tracker.pending_changes().is_empty());
         assert!(!tracker.endpoint_slice_update(&s, false));
         // Added and removed between syncs: a (no-op) change for the service.
-        let other = slice("ns", "other", "other-1")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.2"))
-            .build();
+        let other = slice("ns", "other", "other-1").port("p", 80, "TCP").endpoint(ep("10.0.0.2")).build();
         assert!(tracker.endpoint_slice_update(&other, false));
         assert!(tracker.endpoint_slice_update(&other, true));
         let result = map.update(&mut tracker);
-        assert_eq!(
-            result.updated_services,
-            HashSet::from([NamespacedName::new("ns", "other")])
-        );
+        assert_eq!(result.updated_services, HashSet::from([NamespacedName::new("ns", "other")]));
         assert_eq!(map.len(), 1);
     }
 
@@ -1082,25 +782,15 @@ mod tests {
         let mut map = EndpointsMap::new();
         let result = map.update(&mut tracker);
         let times = &result.last_change_trigger_times[&NamespacedName::new("ns", "svc")];
-        let expected: Vec<Timestamp> = ["2024-01-01T00:00:01.5Z", "2024-01-01T01:00:00Z"]
-            .iter()
-            .map(|t| t.parse().unwrap())
-            .collect();
+        let expected: Vec<Timestamp> =
+            ["2024-01-01T00:00:01.5Z", "2024-01-01T01:00:00Z"].iter().map(|t| t.parse().unwrap()).collect();
         assert_eq!(times, &expected);
         // Times are handed out once.
-        assert!(
-            map.update(&mut tracker)
-                .last_change_trigger_times
-                .is_empty()
-        );
+        assert!(map.update(&mut tracker).last_change_trigger_times.is_empty());
 
         // Deleting a slice drops the service's pending trigger times.
         tracker.endpoint_slice_update(&with_time("e", "2024-01-02T00:00:00Z"), false);
         tracker.endpoint_slice_update(&with_time("b", "2024-01-02T00:00:00Z"), true);
-        assert!(
-            map.update(&mut tracker)
-                .last_change_trigger_times
-                .is_empty()
-        );
+        assert!(map.update(&mut tracker).last_change_trigger_times.is_empty());
     }
 }

@@ -16,11 +16,6 @@ pub mod topology;
 pub(crate) mod testing;
 
 pub use endpoint_slice_cache::{EndpointSliceCache, InvalidEndpointSlice, LABEL_SERVICE_NAME};
-pub use endpoints::{
-    EndpointChangeTracker, EndpointsMap, EndpointsUpdateResult, LocalReadyEndpoints,
-    ServiceEndpoint,
-};
-pub use service::{
-    HealthCheckNodePorts, ServiceChangeTracker, ServicePortMap, ServiceUpdateResult,
-};
+pub use endpoints::{EndpointChangeTracker, EndpointsMap, EndpointsUpdateResult, LocalReadyEndpoints, ServiceEndpoint};
+pub use service::{HealthCheckNodePorts, ServiceChangeTracker, ServicePortMap, ServiceUpdateResult};
 pub use topology::{Categorized, LABEL_TOPOLOGY_ZONE, categorize_endpoints};

@@ -10,9 +10,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 
-use crate::model::{
-    IpFamily, NamespacedName, Protocol, ServicePortName, ServicePortRef, service_ports,
-};
+use crate::model::{IpFamily, NamespacedName, Protocol, ServicePortName, ServicePortRef, service_ports};
 
 /// Service port entries keyed by [`ServicePortName`]; a newtype over the `HashMap` so it can
 /// carry `update`, and derefs to it for ordinary map access.
@@ -49,16 +47,10 @@ impl ServicePortMap {
                 self.0.insert(name.clone(), Arc::clone(info));
             }
             // Ports still present are updates, not deletions.
-            for name in previous
-                .0
-                .keys()
-                .filter(|name| !current.0.contains_key(*name))
-            {
+            for name in previous.0.keys().filter(|name| !current.0.contains_key(*name)) {
                 match self.0.remove(name) {
                     Some(info) if info.protocol == Protocol::Udp => {
-                        result
-                            .deleted_udp_cluster_ips
-                            .insert(info.cluster_ip.clone());
+                        result.deleted_udp_cluster_ips.insert(info.cluster_ip.clone());
                     }
                     Some(_) => {}
                     None => {
@@ -75,9 +67,7 @@ impl ServicePortMap {
         self.0
             .iter()
             .filter_map(|(name, info)| {
-                let port = u16::try_from(info.health_check_node_port)
-                    .ok()
-                    .filter(|p| *p != 0)?;
+                let port = u16::try_from(info.health_check_node_port).ok().filter(|p| *p != 0)?;
                 Some((name.service.clone(), port))
             })
             .collect()
@@ -127,10 +117,7 @@ pub struct ServiceChangeTracker {
 
 impl ServiceChangeTracker {
     pub fn new(family: IpFamily) -> ServiceChangeTracker {
-        ServiceChangeTracker {
-            family,
-            items: HashMap::new(),
-        }
+        ServiceChangeTracker { family, items: HashMap::new() }
     }
 
     pub fn family(&self) -> IpFamily {
@@ -155,13 +142,8 @@ impl ServiceChangeTracker {
         let current_map = self.port_map(current);
         if !self.items.contains_key(&service) {
             let previous_map = self.port_map(previous);
-            self.items.insert(
-                service.clone(),
-                ServiceChange {
-                    previous: previous_map,
-                    current: ServicePortMap::new(),
-                },
-            );
+            self.items
+                .insert(service.clone(), ServiceChange { previous: previous_map, current: ServicePortMap::new() });
         }
         let unchanged = match self.items.get_mut(&service) {
             Some(change) => {
@@ -191,10 +173,7 @@ impl ServiceChangeTracker {
             return ServicePortMap::new();
         };
         match service_ports(svc, self.family) {
-            Ok(ports) => ports
-                .into_iter()
-                .map(|info| (info.name.clone(), Arc::new(info)))
-                .collect(),
+            Ok(ports) => ports.into_iter().map(|info| (info.name.clone(), Arc::new(info))).collect(),
             Err(err) => {
                 tracing::warn!(family = %self.family, "ignoring invalid service: {err}");
                 ServicePortMap::new()
@@ -280,14 +259,8 @@ mod tests {
         let result = apply(&mut map, &mut tracker);
         assert_eq!(map.len(), 1);
         // The surviving service's IP is there too: one of its UDP ports went away.
-        let expected: BTreeSet<String> = [
-            "172.30.55.10",
-            "172.30.55.4",
-            "172.30.55.11",
-            "172.30.55.12",
-        ]
-        .map(String::from)
-        .into();
+        let expected: BTreeSet<String> =
+            ["172.30.55.10", "172.30.55.4", "172.30.55.11", "172.30.55.12"].map(String::from).into();
         assert_eq!(result.deleted_udp_cluster_ips, expected);
         assert!(map.health_check_node_ports().is_empty());
     }
@@ -301,10 +274,8 @@ mod tests {
             .cluster_ip("None")
             .port("rpc", "UDP", 1234)
             .build();
-        let headless_no_port = service("somewhere-else", "headless-without-port")
-            .type_("ClusterIP")
-            .cluster_ip("None")
-            .build();
+        let headless_no_port =
+            service("somewhere-else", "headless-without-port").type_("ClusterIP").cluster_ip("None").build();
         let external_name = service("somewhere-else", "external-name")
             .type_("ExternalName")
             .cluster_ip("172.30.55.4")
@@ -369,14 +340,8 @@ mod tests {
 
     #[test]
     fn changes_that_cancel_out_are_dropped() {
-        let a = service("ns", "s")
-            .cluster_ip("10.0.0.1")
-            .port("p", "TCP", 80)
-            .build();
-        let b = service("ns", "s")
-            .cluster_ip("10.0.0.1")
-            .port("p", "TCP", 8080)
-            .build();
+        let a = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80).build();
+        let b = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 8080).build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
         assert!(tracker.update(Some(&a), Some(&b)));
         assert_eq!(tracker.pending_changes(), HashSet::from([nn("ns", "s")]));
@@ -391,24 +356,15 @@ mod tests {
 
     #[test]
     fn other_family_and_invalid_services() {
-        let v6_only = service("ns", "v6")
-            .cluster_ips(&[("fd00::1", "IPv6")])
-            .port("p", "TCP", 80)
-            .build();
+        let v6_only = service("ns", "v6").cluster_ips(&[("fd00::1", "IPv6")]).port("p", "TCP", 80).build();
         let mut v4 = ServiceChangeTracker::new(IpFamily::V4);
         assert!(!v4.update(None, Some(&v6_only)));
         let mut v6 = ServiceChangeTracker::new(IpFamily::V6);
         assert!(v6.update(None, Some(&v6_only)));
 
         // A valid service updated to an invalid one loses its ports.
-        let good = service("ns", "s")
-            .cluster_ip("10.0.0.1")
-            .port("p", "UDP", 53)
-            .build();
-        let bad = service("ns", "s")
-            .cluster_ip("10.0.0.1")
-            .port("p", "UDP", 0)
-            .build();
+        let good = service("ns", "s").cluster_ip("10.0.0.1").port("p", "UDP", 53).build();
+        let bad = service("ns", "s").cluster_ip("10.0.0.1").port("p", "UDP", 0).build();
         let mut map = ServicePortMap::new();
         v4.update(None, Some(&good));
         map.update(&mut v4);
@@ -416,22 +372,13 @@ mod tests {
         assert!(v4.update(Some(&good), Some(&bad)));
         let result = map.update(&mut v4);
         assert!(map.is_empty());
-        assert_eq!(
-            result.deleted_udp_cluster_ips,
-            BTreeSet::from(["10.0.0.1".to_owned()])
-        );
+        assert_eq!(result.deleted_udp_cluster_ips, BTreeSet::from(["10.0.0.1".to_owned()]));
     }
 
     #[test]
     fn protocol_change_replaces_the_port() {
-        let udp = service("ns", "s")
-            .cluster_ip("10.0.0.1")
-            .port("dns", "UDP", 53)
-            .build();
-        let tcp = service("ns", "s")
-            .cluster_ip("10.0.0.1")
-            .port("dns", "TCP", 53)
-            .build();
+        let udp = service("ns", "s").cluster_ip("10.0.0.1").port("dns", "UDP", 53).build();
+        let tcp = service("ns", "s").cluster_ip("10.0.0.1").port("dns", "TCP", 53).build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
         let mut map = ServicePortMap::new();
         tracker.update(None, Some(&udp));
@@ -440,10 +387,7 @@ mod tests {
         let result = map.update(&mut tracker);
         assert_eq!(map.len(), 1);
         assert_eq!(map.values().next().unwrap().protocol, Protocol::Tcp);
-        assert_eq!(
-            result.deleted_udp_cluster_ips,
-            BTreeSet::from(["10.0.0.1".to_owned()])
-        );
+        assert_eq!(result.deleted_udp_cluster_ips, BTreeSet::from(["10.0.0.1".to_owned()]));
         assert_eq!(result.updated_services, HashSet::from([nn("ns", "s")]));
     }
 }

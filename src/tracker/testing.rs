@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec,
-    ServiceStatus, SessionAffinityConfig,
+    ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec, ServiceStatus,
+    SessionAffinityConfig,
 };
 use k8s_openapi::api::discovery::v1::{
     Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForZone,
@@ -18,11 +18,7 @@ pub(crate) struct ServiceBuilder(Service);
 
 pub(crate) fn service(namespace: &str, name: &str) -> ServiceBuilder {
     ServiceBuilder(Service {
-        metadata: ObjectMeta {
-            namespace: Some(namespace.into()),
-            name: Some(name.into()),
-            ..Default::default()
-        },
+        metadata: ObjectMeta { namespace: Some(namespace.into()), name: Some(name.into()), ..Default::default() },
         spec: Some(ServiceSpec::default()),
         status: None,
     })
@@ -57,23 +53,14 @@ impl ServiceBuilder {
         self.node_port(name, protocol, port, 0)
     }
 
-    pub(crate) fn node_port(
-        mut self,
-        name: &str,
-        protocol: &str,
-        port: i32,
-        node_port: i32,
-    ) -> Self {
-        self.spec()
-            .ports
-            .get_or_insert_with(Vec::new)
-            .push(ServicePort {
-                name: Some(name.into()),
-                protocol: (!protocol.is_empty()).then(|| protocol.into()),
-                port,
-                node_port: (node_port != 0).then_some(node_port),
-                ..Default::default()
-            });
+    pub(crate) fn node_port(mut self, name: &str, protocol: &str, port: i32, node_port: i32) -> Self {
+        self.spec().ports.get_or_insert_with(Vec::new).push(ServicePort {
+            name: Some(name.into()),
+            protocol: (!protocol.is_empty()).then(|| protocol.into()),
+            port,
+            node_port: (node_port != 0).then_some(node_port),
+            ..Default::default()
+        });
         self
     }
 
@@ -83,8 +70,7 @@ impl ServiceBuilder {
     }
 
     pub(crate) fn source_ranges(mut self, ranges: &[&str]) -> Self {
-        self.spec().load_balancer_source_ranges =
-            Some(ranges.iter().map(|s| (*s).into()).collect());
+        self.spec().load_balancer_source_ranges = Some(ranges.iter().map(|s| (*s).into()).collect());
         self
     }
 
@@ -92,12 +78,7 @@ impl ServiceBuilder {
         self.0.status = Some(ServiceStatus {
             load_balancer: Some(LoadBalancerStatus {
                 ingress: Some(
-                    ips.iter()
-                        .map(|ip| LoadBalancerIngress {
-                            ip: Some((*ip).into()),
-                            ..Default::default()
-                        })
-                        .collect(),
+                    ips.iter().map(|ip| LoadBalancerIngress { ip: Some((*ip).into()), ..Default::default() }).collect(),
                 ),
             }),
             ..Default::default()
@@ -124,20 +105,13 @@ impl ServiceBuilder {
     pub(crate) fn client_ip_affinity(mut self, timeout: Option<i32>) -> Self {
         let spec = self.spec();
         spec.session_affinity = Some("ClientIP".into());
-        spec.session_affinity_config = timeout.map(|t| SessionAffinityConfig {
-            client_ip: Some(ClientIPConfig {
-                timeout_seconds: Some(t),
-            }),
-        });
+        spec.session_affinity_config =
+            timeout.map(|t| SessionAffinityConfig { client_ip: Some(ClientIPConfig { timeout_seconds: Some(t) }) });
         self
     }
 
     pub(crate) fn annotation(mut self, key: &str, value: &str) -> Self {
-        self.0
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(key.into(), value.into());
+        self.0.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(key.into(), value.into());
         self
     }
 
@@ -156,10 +130,7 @@ pub(crate) fn slice(namespace: &str, service: &str, name: &str) -> SliceBuilder 
         metadata: ObjectMeta {
             namespace: Some(namespace.into()),
             name: Some(name.into()),
-            labels: Some(BTreeMap::from([(
-                LABEL_SERVICE_NAME.to_owned(),
-                service.to_owned(),
-            )])),
+            labels: Some(BTreeMap::from([(LABEL_SERVICE_NAME.to_owned(), service.to_owned())])),
             ..Default::default()
         },
         ports: None,
@@ -173,15 +144,12 @@ impl SliceBuilder {
     }
 
     pub(crate) fn port(mut self, name: &str, port: i32, protocol: &str) -> Self {
-        self.0
-            .ports
-            .get_or_insert_with(Vec::new)
-            .push(EndpointPort {
-                name: Some(name.into()),
-                port: Some(port),
-                protocol: Some(protocol.into()),
-                ..Default::default()
-            });
+        self.0.ports.get_or_insert_with(Vec::new).push(EndpointPort {
+            name: Some(name.into()),
+            port: Some(port),
+            protocol: Some(protocol.into()),
+            ..Default::default()
+        });
         self
     }
 
@@ -196,11 +164,7 @@ impl SliceBuilder {
     }
 
     pub(crate) fn annotation(mut self, key: &str, value: &str) -> Self {
-        self.0
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(key.into(), value.into());
+        self.0.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(key.into(), value.into());
         self
     }
 
@@ -213,10 +177,7 @@ pub(crate) struct EndpointBuilder(Endpoint);
 
 /// An endpoint at `address` with no conditions, node or hints.
 pub(crate) fn ep(address: &str) -> EndpointBuilder {
-    EndpointBuilder(Endpoint {
-        addresses: vec![address.into()],
-        ..Default::default()
-    })
+    EndpointBuilder(Endpoint { addresses: vec![address.into()], ..Default::default() })
 }
 
 impl EndpointBuilder {
@@ -225,28 +186,14 @@ impl EndpointBuilder {
         self
     }
 
-    pub(crate) fn conditions(
-        mut self,
-        ready: Option<bool>,
-        serving: Option<bool>,
-        terminating: Option<bool>,
-    ) -> Self {
-        self.0.conditions = Some(EndpointConditions {
-            ready,
-            serving,
-            terminating,
-        });
+    pub(crate) fn conditions(mut self, ready: Option<bool>, serving: Option<bool>, terminating: Option<bool>) -> Self {
+        self.0.conditions = Some(EndpointConditions { ready, serving, terminating });
         self
     }
 
     pub(crate) fn zones(mut self, zones: &[&str]) -> Self {
         self.0.hints = Some(EndpointHints {
-            for_zones: Some(
-                zones
-                    .iter()
-                    .map(|z| ForZone { name: (*z).into() })
-                    .collect(),
-            ),
+            for_zones: Some(zones.iter().map(|z| ForZone { name: (*z).into() }).collect()),
             ..Default::default()
         });
         self

@@ -48,13 +48,8 @@ pub fn categorize_endpoints<'a>(
 
     if svc.uses_cluster_endpoints() {
         use_topology = can_use_topology(endpoints, svc, node_labels);
-        let zone = node_labels
-            .get(LABEL_TOPOLOGY_ZONE)
-            .map(String::as_str)
-            .unwrap_or("");
-        out.cluster = filter(endpoints, |ep| {
-            ep.ready && (!use_topology || ep.zone_hints.contains(zone))
-        });
+        let zone = node_labels.get(LABEL_TOPOLOGY_ZONE).map(String::as_str).unwrap_or("");
+        out.cluster = filter(endpoints, |ep| ep.ready && (!use_topology || ep.zone_hints.contains(zone)));
         // With no ready endpoint for the zone, topology would already have been ruled out,
         // so an empty set here means nothing is ready anywhere.
         if out.cluster.is_empty() {
@@ -100,12 +95,7 @@ pub fn categorize_endpoints<'a>(
         return out;
     }
 
-    let chosen: HashSet<&str> = out
-        .cluster
-        .iter()
-        .chain(out.local.iter())
-        .map(|ep| ep.endpoint.as_str())
-        .collect();
+    let chosen: HashSet<&str> = out.cluster.iter().chain(out.local.iter()).map(|ep| ep.endpoint.as_str()).collect();
     let mut seen = HashSet::new();
     out.all_reachable = endpoints
         .iter()
@@ -117,11 +107,7 @@ pub fn categorize_endpoints<'a>(
 /// Upstream `canUseTopology`: hints are used only when the service asks for them, the node
 /// has a zone, every ready endpoint carries zone hints and at least one is hinted for this
 /// node's zone.
-fn can_use_topology(
-    endpoints: &[EndpointRef],
-    svc: &ServicePortInfo,
-    node_labels: &BTreeMap<String, String>,
-) -> bool {
+fn can_use_topology(endpoints: &[EndpointRef], svc: &ServicePortInfo, node_labels: &BTreeMap<String, String>) -> bool {
     if !svc.hints_enabled {
         return false;
     }
@@ -150,7 +136,7 @@ fn can_use_topology(
     has_endpoint_for_zone
 }
 
-fn filter<'a>(endpoints: &'a [EndpointRef], keep: impl Fn(&EndpointInfo) -> bool) -> Vec<&'a EndpointRef> {
+fn filter(endpoints: &[EndpointRef], keep: impl Fn(&EndpointInfo) -> bool) -> Vec<&EndpointRef> {
     endpoints.iter().filter(|ep| keep(ep)).collect()
 }
 
@@ -165,10 +151,7 @@ mod tests {
     /// A service port like upstream's `NewBaseServiceInfo(..., nodePort, ..., etpLocal,
     /// itpLocal, ..., hintsAnnotation)` test helper.
     fn svc(node_port: i32, etp_local: bool, itp_local: bool, hints: bool) -> ServicePortInfo {
-        let built = service("ns", "svc")
-            .cluster_ip("10.96.0.1")
-            .port("", "TCP", 80)
-            .build();
+        let built = service("ns", "svc").cluster_ip("10.96.0.1").port("", "TCP", 80).build();
         let mut info = service_ports(&built, IpFamily::V4).unwrap().remove(0);
         info.node_port = node_port;
         info.external_policy_local = etp_local;
@@ -188,14 +171,7 @@ mod tests {
     }
 
     const fn e(addr: &'static str) -> E {
-        E {
-            addr,
-            zones: &[],
-            ready: true,
-            serving: true,
-            terminating: false,
-            local: false,
-        }
+        E { addr, zones: &[], ready: true, serving: true, terminating: false, local: false }
     }
 
     impl E {
@@ -447,10 +423,7 @@ mod tests {
                 name: "Cluster traffic policy, all endpoints are terminating",
                 labels: none(),
                 svc: svc(0, false, false, false),
-                endpoints: vec![
-                    e("10.0.0.0:80").serving_terminating().local(),
-                    e("10.0.0.1:80").serving_terminating(),
-                ],
+                endpoints: vec![e("10.0.0.0:80").serving_terminating().local(), e("10.0.0.1:80").serving_terminating()],
                 cluster: &["10.0.0.0:80", "10.0.0.1:80"],
                 local: &[],
                 all: None,
@@ -495,10 +468,7 @@ mod tests {
                 name: "iTP: Local, eTP: Local, all endpoints remote and terminating",
                 labels: none(),
                 svc: svc(8080, true, true, false),
-                endpoints: vec![
-                    e("10.0.0.0:80").serving_terminating(),
-                    e("10.0.0.1:80").serving_terminating(),
-                ],
+                endpoints: vec![e("10.0.0.0:80").serving_terminating(), e("10.0.0.1:80").serving_terminating()],
                 cluster: &["10.0.0.0:80", "10.0.0.1:80"],
                 local: &[],
                 all: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
@@ -541,12 +511,7 @@ mod tests {
                 None if case.local.is_empty() => case.cluster.to_vec(),
                 None => case.local.to_vec(),
             };
-            assert_eq!(
-                names(&got.all_reachable),
-                all,
-                "{}: all reachable",
-                case.name
-            );
+            assert_eq!(names(&got.all_reachable), all, "{}: all reachable", case.name);
         }
     }
 
@@ -583,10 +548,7 @@ mod tests {
     fn local_serving_terminating_fallback_merges_all_reachable() {
         // eTP Local with a terminating local endpoint and a ready remote one: Local uses
         // the terminating endpoint, Cluster the ready one, and both chains are needed.
-        let eps = endpoints(&[
-            e("10.0.0.1:80"),
-            e("10.0.0.2:80").serving_terminating().local(),
-        ]);
+        let eps = endpoints(&[e("10.0.0.1:80"), e("10.0.0.2:80").serving_terminating().local()]);
         let got = categorize_endpoints(&eps, &svc(30080, true, false, false), &BTreeMap::new());
         assert_eq!(names(&got.cluster), ["10.0.0.1:80"]);
         assert_eq!(names(&got.local), ["10.0.0.2:80"]);

@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::{
     ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, Node, NodeAddress, NodeSpec, NodeStatus, Service,
     ServicePort, ServiceSpec, ServiceStatus, SessionAffinityConfig,
 };
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForZone};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForZone,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub struct SvcBuilder(pub Service);
@@ -60,8 +62,7 @@ impl SvcBuilder {
         let s = self.spec();
         s.cluster_ip = Some(ips[0].into());
         s.cluster_ips = Some(ips.iter().map(|i| i.to_string()).collect());
-        s.ip_families =
-            Some(ips.iter().map(|i| if i.contains(':') { "IPv6".into() } else { "IPv4".into() }).collect());
+        s.ip_families = Some(ips.iter().map(|i| if i.contains(':') { "IPv6".into() } else { "IPv4".into() }).collect());
         if s.type_.is_none() {
             s.type_ = Some("ClusterIP".into());
         }
@@ -105,7 +106,9 @@ impl SvcBuilder {
         self.0.status = Some(ServiceStatus {
             load_balancer: Some(LoadBalancerStatus {
                 ingress: Some(
-                    ips.iter().map(|ip| LoadBalancerIngress { ip: Some(ip.to_string()), ..Default::default() }).collect(),
+                    ips.iter()
+                        .map(|ip| LoadBalancerIngress { ip: Some(ip.to_string()), ..Default::default() })
+                        .collect(),
                 ),
             }),
             ..Default::default()
@@ -146,9 +149,8 @@ impl SvcBuilder {
     pub fn affinity(mut self, seconds: Option<i32>) -> Self {
         let s = self.spec();
         s.session_affinity = Some("ClientIP".into());
-        s.session_affinity_config = seconds.map(|t| SessionAffinityConfig {
-            client_ip: Some(ClientIPConfig { timeout_seconds: Some(t) }),
-        });
+        s.session_affinity_config =
+            seconds.map(|t| SessionAffinityConfig { client_ip: Some(ClientIPConfig { timeout_seconds: Some(t) }) });
         self
     }
 
@@ -193,7 +195,15 @@ pub fn bare_ep(ip: &str) -> Ep {
 
 /// A ready endpoint.
 pub fn ep(ip: &str) -> Ep {
-    Ep { ip: ip.into(), node: None, zone: None, ready: Some(true), serving: Some(true), terminating: Some(false), hints: None }
+    Ep {
+        ip: ip.into(),
+        node: None,
+        zone: None,
+        ready: Some(true),
+        serving: Some(true),
+        terminating: Some(false),
+        hints: None,
+    }
 }
 
 impl Ep {

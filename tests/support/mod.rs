@@ -34,12 +34,7 @@ pub fn assert_rules_eq(expected: &str, actual: &str) {
 /// newline, so expected rules can be written indented in the test source.
 pub fn dedent(s: &str) -> String {
     let s = s.strip_prefix('\n').unwrap_or(s);
-    let indent = s
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.len() - l.trim_start().len())
-        .min()
-        .unwrap_or(0);
+    let indent = s.lines().filter(|l| !l.trim().is_empty()).map(|l| l.len() - l.trim_start().len()).min().unwrap_or(0);
     let mut out = String::with_capacity(s.len());
     for line in s.lines() {
         if line.trim().is_empty() {
