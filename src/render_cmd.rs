@@ -1,6 +1,6 @@
 //! The `render` command: cluster snapshots from YAML in, the iptables-restore input of each
-//! sync out, computed by the same proxier the daemon runs, against a fake iptables that keeps
-//! the state each sync leaves behind.
+//! sync out, computed by the same proxier the daemon runs, against an in-memory iptables that
+//! keeps the chains each sync leaves behind (what stale-chain cleanup looks at).
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 
 use crate::cli::{IpFamilyArg, RenderArgs};
 use crate::config::{self, Settings};
-use crate::iptables::fake::FakeIptables;
+use crate::iptables::chain_tracker::ChainTracker;
 use crate::manifest::{self, Snapshot};
 use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
@@ -147,9 +147,8 @@ pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError>
         hostname: hostname.clone(),
         sync_period: settings.sync_period,
     };
-    let fake = Arc::new(FakeIptables::new(family));
-    fake.set_has_random_fully(random_fully);
-    let mut proxier = Proxier::new(cfg, fake, Arc::new(StaticInterfaces(interface_addrs)));
+    let kernel = Arc::new(ChainTracker::new(family, random_fully));
+    let mut proxier = Proxier::new(cfg, kernel, Arc::new(StaticInterfaces(interface_addrs)));
 
     // Snapshots are taken to arrive a sync period apart, so large-cluster mode also cleans
     // up stale chains on every sync, as the daemon would eventually.

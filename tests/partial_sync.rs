@@ -377,3 +377,42 @@ fn failed_partial_sync_forces_a_full_resync() {
     assert!(report.full, "the sync after a failure must be full");
     assert!(fp.ipt.rules(Table::Nat, &svc4_sep).is_none(), "stale chain deleted by the full resync");
 }
+
+/// Crossing the large-cluster threshold changes every endpoint rule's comments; the partial
+/// sync that crosses it rewrites every service so the result still equals a full sync.
+#[test]
+fn crossing_the_large_cluster_threshold_rewrites_everything() {
+    let small = svc("ns1", "small").cluster_ip("172.30.0.1").tcp("p80", 80).build();
+    let small_eps = slice("ns1", "small", "small-1").tcp("p80", 80).ips(&["10.1.0.1", "10.1.0.2"]).build();
+    let big = svc("ns2", "big").cluster_ip("172.30.0.2").tcp("p80", 80).build();
+    let mut big_eps = slice("ns2", "big", "big-1").tcp("p80", 80);
+    for n in 0..1000u32 {
+        big_eps = big_eps.endpoint(ep(&format!("10.2.{}.{}", n / 250, n % 250 + 1)));
+    }
+    let big_eps = big_eps.build();
+
+    let mut fp = TestProxier::new(IpFamily::V4);
+    fp.add_services(&[small.clone(), big.clone()]);
+    fp.add_slices(std::slice::from_ref(&small_eps));
+    assert!(!fp.sync().stats.large_cluster_mode);
+
+    fp.add_slices(std::slice::from_ref(&big_eps));
+    let report = fp.sync();
+    assert!(!report.full);
+    assert!(report.stats.large_cluster_mode);
+    let mut reference = TestProxier::new(IpFamily::V4);
+    reference.add_services(&[small.clone(), big.clone()]);
+    reference.add_slices(&[small_eps.clone(), big_eps.clone()]);
+    reference.sync();
+    assert_eq!(fp.ipt.save_all(), reference.ipt.save_all());
+    assert!(!fp.ipt.save_all().contains("ns1/small:p80 -> 10.1.0.1:80"), "comments dropped in large mode");
+
+    fp.delete_slice(&big_eps);
+    let report = fp.sync();
+    assert!(!report.stats.large_cluster_mode);
+    let mut reference = TestProxier::new(IpFamily::V4);
+    reference.add_services(&[small, big]);
+    reference.add_slices(&[small_eps]);
+    reference.sync();
+    assert_eq!(fp.ipt.save_all(), reference.ipt.save_all());
+}

@@ -4,6 +4,7 @@
 //!
 //! Nothing outside this module knows how iptables is invoked.
 
+pub mod chain_tracker;
 pub mod dump;
 pub mod fake;
 pub mod save;

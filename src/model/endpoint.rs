@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::ip::join_host_port;
 use super::names::ServicePortName;
-use crate::proxier::chains::endpoint_chain_name;
+use crate::proxier::chains::{ChainKey, chain_key, endpoint_chain_name};
 
 /// One endpoint of a service port.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +31,8 @@ pub struct EndpointInfo {
     pub zone_hints: BTreeSet<String>,
     /// KUBE-SEP- chain for this endpoint of this service port.
     pub chain_name: String,
+    /// [`ChainKey`] of `chain_name`.
+    pub chain_key: ChainKey,
 }
 
 impl EndpointInfo {
@@ -51,6 +53,7 @@ impl EndpointInfo {
             serving: true,
             terminating: false,
             zone_hints: BTreeSet::new(),
+            chain_key: chain_key(&chain_name).unwrap_or_default(),
             chain_name,
         }
     }

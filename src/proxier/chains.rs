@@ -41,6 +41,38 @@ pub fn is_service_chain_name(chain: &str) -> bool {
     .any(|p| chain.starts_with(p))
 }
 
+/// A compact identity for one of our hashed chains: the chain kind and the 80 bits its 16
+/// base32 characters encode. Sets of these avoid touching (and hashing) name strings, which
+/// matters when comparing 100k+ chains against `iptables-save` on every sync.
+pub type ChainKey = u128;
+
+const KEY_PREFIXES: [(&str, u128); 5] = [
+    (SERVICE_CHAIN_PREFIX, 1),
+    (SERVICE_LOCAL_CHAIN_PREFIX, 2),
+    (SERVICE_FIREWALL_CHAIN_PREFIX, 3),
+    (SERVICE_EXTERNAL_CHAIN_PREFIX, 4),
+    (ENDPOINT_CHAIN_PREFIX, 5),
+];
+
+/// The [`ChainKey`] of a per-service chain name, or `None` when the name is not one we
+/// generate (wrong prefix, or not 16 base32 characters after it).
+pub fn chain_key(name: &str) -> Option<ChainKey> {
+    let (kind, rest) = KEY_PREFIXES.iter().find_map(|(p, k)| name.strip_prefix(p).map(|rest| (*k, rest)))?;
+    if rest.len() != 16 {
+        return None;
+    }
+    let mut bits: u128 = 0;
+    for b in rest.bytes() {
+        let v = match b {
+            b'A'..=b'Z' => b - b'A',
+            b'2'..=b'7' => b - b'2' + 26,
+            _ => return None,
+        };
+        bits = (bits << 5) | u128::from(v);
+    }
+    Some((kind << 80) | bits)
+}
+
 /// The four chain names of a service port, computed once when the port is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceChainNames {
@@ -52,18 +84,21 @@ pub struct ServiceChainNames {
     pub firewall: String,
     /// KUBE-EXT-: entry point for NodePort, external IP and load-balancer traffic.
     pub external: String,
+    /// [`ChainKey`]s of the four chains, in field order.
+    pub keys: [ChainKey; 4],
 }
 
 impl ServiceChainNames {
     /// `service_port_name` is the display form (`ns/name:port`), `protocol` lower case.
     pub fn new(service_port_name: &str, protocol: &str) -> Self {
         let hash = port_proto_hash(service_port_name, protocol);
-        ServiceChainNames {
-            cluster_policy: format!("{SERVICE_CHAIN_PREFIX}{hash}"),
-            local_policy: format!("{SERVICE_LOCAL_CHAIN_PREFIX}{hash}"),
-            firewall: format!("{SERVICE_FIREWALL_CHAIN_PREFIX}{hash}"),
-            external: format!("{SERVICE_EXTERNAL_CHAIN_PREFIX}{hash}"),
-        }
+        let cluster_policy = format!("{SERVICE_CHAIN_PREFIX}{hash}");
+        let local_policy = format!("{SERVICE_LOCAL_CHAIN_PREFIX}{hash}");
+        let firewall = format!("{SERVICE_FIREWALL_CHAIN_PREFIX}{hash}");
+        let external = format!("{SERVICE_EXTERNAL_CHAIN_PREFIX}{hash}");
+        let key = |n: &str| chain_key(n).unwrap_or_default();
+        let keys = [key(&cluster_policy), key(&local_policy), key(&firewall), key(&external)];
+        ServiceChainNames { cluster_policy, local_policy, firewall, external, keys }
     }
 }
 
@@ -117,6 +152,21 @@ mod tests {
     #[test]
     fn endpoint_chain_name_matches_upstream() {
         assert_eq!(endpoint_chain_name("ns1/svc1:p80", "tcp", "10.180.0.1:80"), "KUBE-SEP-SXIVWICOYRO3J4NJ");
+    }
+
+    #[test]
+    fn chain_keys_identify_our_chains() {
+        let names = ServiceChainNames::new("ns1/svc1:p80", "tcp");
+        let keys: std::collections::HashSet<ChainKey> = names.keys.iter().copied().collect();
+        assert_eq!(keys.len(), 4, "each chain kind has its own key");
+        assert_eq!(chain_key(&names.firewall), Some(names.keys[2]));
+        let sep = endpoint_chain_name("ns1/svc1:p80", "tcp", "10.180.0.1:80");
+        assert!(chain_key(&sep).is_some());
+        assert_ne!(chain_key(&sep), chain_key("KUBE-SEP-SXIVWICOYRO3J4NK"));
+        assert_eq!(chain_key("KUBE-SEP-short"), None);
+        assert_eq!(chain_key("KUBE-SEP-sxivwicoyro3j4nj"), None);
+        assert_eq!(chain_key("KUBE-SERVICES"), None);
+        assert_eq!(chain_key("KUBE-MARK-MASQ"), None);
     }
 
     #[test]

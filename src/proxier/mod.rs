@@ -392,7 +392,7 @@ impl Proxier {
             changed: changed.as_ref(),
             existing_nat_chains: existing.as_ref(),
         };
-        let rendered = render::render(&self.cfg.render, &input, &self.render_state);
+        let mut rendered = render::render(&self.cfg.render, &input, &self.render_state);
         tracing::debug!(
             services = rendered.stats.services,
             endpoints = rendered.stats.endpoints,
@@ -407,7 +407,7 @@ impl Proxier {
 
         match self.iptables.restore_all(rendered.payload.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters) {
             Ok(()) => {
-                self.render_state.commit(&rendered);
+                self.render_state.commit(&mut rendered);
                 self.needs_full_sync = false;
                 report.payload = rendered.payload;
                 SyncOutcome::Synced(Box::new(report))

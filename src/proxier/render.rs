@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use crate::model::{EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortRef};
-use crate::proxier::chains::{self, is_service_chain_name};
+use crate::model::{EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef};
+use crate::proxier::chains::{self, ChainKey, chain_key, is_service_chain_name};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::tracker::topology::categorize_endpoints;
@@ -67,22 +67,30 @@ pub struct RenderInput<'a> {
 #[derive(Debug, Default, Clone)]
 pub struct RenderState {
     written: HashMap<&'static str, String>,
+    /// nat rules in each service port's own chains as last written, so a partial sync can
+    /// count (for metrics) the rules of services it does not rewrite without rendering them.
+    service_rules: HashMap<ServicePortName, usize>,
+    /// Large-cluster mode of the last sync: when it flips, every service is rewritten so
+    /// comments are consistent (upstream leaves unchanged services as they were).
+    large_cluster_mode: Option<bool>,
 }
 
 impl RenderState {
     /// Records what a successful restore of `rendered` put in place.
-    pub fn commit(&mut self, rendered: &Rendered) {
+    pub fn commit(&mut self, rendered: &mut Rendered) {
         if rendered.full {
             self.written.clear();
         }
-        for (key, body) in &rendered.top_level {
-            self.written.insert(key, body.clone());
+        for (key, body) in rendered.top_level.drain(..) {
+            self.written.insert(key, body);
         }
+        self.service_rules = std::mem::take(&mut rendered.service_rules);
+        self.large_cluster_mode = Some(rendered.stats.large_cluster_mode);
     }
 
-    /// Forgets everything: the next render writes every top-level chain.
+    /// Forgets everything: the next render writes every chain.
     pub fn reset(&mut self) {
-        self.written.clear();
+        *self = RenderState::default();
     }
 }
 
@@ -116,6 +124,7 @@ pub struct Rendered {
     pub stats: RenderStats,
     /// Top-level chains written in this payload, keyed `table/chain`, with their rules.
     top_level: Vec<(&'static str, String)>,
+    service_rules: HashMap<ServicePortName, usize>,
 }
 
 /// Total endpoints of the services in the map: decides large-cluster mode.
@@ -125,7 +134,7 @@ pub fn total_endpoints(services: &ServicePortMap, endpoints: &EndpointsMap) -> u
 
 /// Renders the filter and nat tables.
 pub fn render(cfg: &RenderConfig, input: &RenderInput<'_>, state: &RenderState) -> Rendered {
-    let mut r = Renderer::new(cfg, input);
+    let mut r = Renderer::new(cfg, input, state);
     r.run();
     r.finish(state)
 }
@@ -134,9 +143,48 @@ pub fn render(cfg: &RenderConfig, input: &RenderInput<'_>, state: &RenderState) 
 /// shared arena.
 struct ChainSpan<'a> {
     name: &'a str,
+    /// The name's first 16 bytes, big-endian: sorting by this (then by name) is sorting by
+    /// name, with integer compares for all but near-ties.
+    key: u128,
     start: usize,
     end: usize,
+    rules: usize,
 }
+
+impl<'a> ChainSpan<'a> {
+    fn new(name: &'a str, arena: &str, start: usize) -> Self {
+        let end = arena.len();
+        ChainSpan { name, key: sort_key(name), start, end, rules: count_lines(&arena[start..end]) }
+    }
+}
+
+fn sort_key(name: &str) -> u128 {
+    let mut bytes = [0u8; 16];
+    let n = name.len().min(16);
+    bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    u128::from_be_bytes(bytes)
+}
+
+/// Hashes a [`ChainKey`] by folding it: its low 80 bits are already uniformly random
+/// (they come from SHA-256).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = (v as u64) ^ ((v >> 64) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type KeySet = HashSet<ChainKey, std::hash::BuildHasherDefault<KeyHasher>>;
 
 struct Renderer<'a> {
     cfg: &'a RenderConfig,
@@ -152,17 +200,25 @@ struct Renderer<'a> {
     // Per-service nat chains: rule text in one arena, spans per chain.
     arena: String,
     spans: Vec<ChainSpan<'a>>,
-    active: HashSet<&'a str>,
+    /// Chains that must not be deleted as stale; collected only when stale chains are
+    /// being looked for.
+    active: KeySet,
+    track_active: bool,
     stale: Vec<String>,
     probabilities: Vec<String>,
     stats: RenderStats,
     skipped_nat_rules: usize,
+    state: &'a RenderState,
+    /// Write every service's chains (full sync, or large-cluster mode flipped).
+    rewrite_all: bool,
+    service_rules: HashMap<ServicePortName, usize>,
 }
 
 impl<'a> Renderer<'a> {
-    fn new(cfg: &'a RenderConfig, input: &'a RenderInput<'a>) -> Self {
+    fn new(cfg: &'a RenderConfig, input: &'a RenderInput<'a>, state: &'a RenderState) -> Self {
         let total = total_endpoints(input.services, input.endpoints);
         let large = total > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
+        let rewrite_all = input.changed.is_none() || state.large_cluster_mode != Some(large);
         Renderer {
             cfg,
             input,
@@ -175,7 +231,12 @@ impl<'a> Renderer<'a> {
             nat_nodeports: String::new(),
             arena: String::with_capacity(total * 300 + input.services.len() * 300),
             spans: Vec::with_capacity(total + input.services.len() * 2),
-            active: HashSet::with_capacity(total + input.services.len() * 2),
+            active: if input.existing_nat_chains.is_some() {
+                KeySet::with_capacity_and_hasher(total + input.services.len() * 4, Default::default())
+            } else {
+                KeySet::default()
+            },
+            track_active: input.existing_nat_chains.is_some(),
             stale: Vec::new(),
             probabilities: Vec::new(),
             stats: RenderStats {
@@ -185,6 +246,9 @@ impl<'a> Renderer<'a> {
                 ..RenderStats::default()
             },
             skipped_nat_rules: 0,
+            state,
+            rewrite_all,
+            service_rules: HashMap::with_capacity(input.services.len()),
         }
     }
 
@@ -198,13 +262,11 @@ impl<'a> Renderer<'a> {
         self.nodeports_tail();
     }
 
-    fn probability(&mut self, n: usize) -> &str {
-        if self.probabilities.len() <= n {
-            for i in self.probabilities.len()..=n {
-                self.probabilities.push(if i == 0 { String::new() } else { format!("{:.10}", 1.0 / i as f64) });
-            }
+    /// Makes sure `probabilities[1..=n]` hold `1/i` as upstream prints it (`%0.10f`).
+    fn probability(&mut self, n: usize) {
+        for i in self.probabilities.len()..=n {
+            self.probabilities.push(if i == 0 { String::new() } else { format!("{:.10}", 1.0 / i as f64) });
         }
-        &self.probabilities[n]
     }
 
     fn service(&mut self, svc: &'a ServicePortInfo) {
@@ -344,26 +406,32 @@ impl<'a> Renderer<'a> {
         }
 
         // The per-service chains stay (they are active) whether or not they are rewritten.
-        if uses_external_chain {
-            self.active.insert(external_chain);
+        if self.track_active {
+            let [cluster_key, local_key, fw_key, external_key] = svc.chains.keys;
+            for (used, key) in [
+                (uses_external_chain, external_key),
+                (uses_fw_chain, fw_key),
+                (uses_cluster_chain, cluster_key),
+                (uses_local_chain, local_key),
+            ] {
+                if used {
+                    self.active.insert(key);
+                }
+            }
+            for ep in &cat.all_reachable {
+                self.active.insert(ep.chain_key);
+            }
         }
-        if uses_fw_chain {
-            self.active.insert(fw_chain);
-        }
-        if uses_cluster_chain {
-            self.active.insert(cluster_chain);
-        }
-        if uses_local_chain {
-            self.active.insert(local_chain);
-        }
-        for ep in &cat.all_reachable {
-            self.active.insert(ep.chain_name.as_str());
-        }
-
         let skip = match input.changed {
-            Some(changed) => !changed.contains(&svc.name.service),
+            Some(changed) => !self.rewrite_all && !changed.contains(&svc.name.service),
             None => false,
         };
+        if skip && let Some(&rules) = self.state.service_rules.get(&svc.name) {
+            // Unchanged since the last sync: the kernel already has these chains.
+            self.skipped_nat_rules += rules;
+            self.service_rules.insert(svc.name.clone(), rules);
+            return;
+        }
         let arena_before = self.arena.len();
         let spans_before = self.spans.len();
 
@@ -416,8 +484,7 @@ impl<'a> Renderer<'a> {
             if has_external {
                 let _ = writeln!(a, "-A {external_chain} -j {external_policy_chain}");
             }
-            let end = self.arena.len();
-            self.spans.push(ChainSpan { name: external_chain, start, end });
+            self.spans.push(ChainSpan::new(external_chain, &self.arena, start));
         }
 
         // KUBE-FW-
@@ -449,8 +516,7 @@ impl<'a> Renderer<'a> {
                 a,
                 "-A {fw_chain} -m comment --comment \"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL\""
             );
-            let end = self.arena.len();
-            self.spans.push(ChainSpan { name: fw_chain, start, end });
+            self.spans.push(ChainSpan::new(fw_chain, &self.arena, start));
         }
 
         // KUBE-SVC- and KUBE-SVL-
@@ -467,11 +533,15 @@ impl<'a> Renderer<'a> {
                 self.arena.push_str(rule);
             }
             self.service_to_endpoint_rules(svc, chain, eps);
-            let end = self.arena.len();
-            self.spans.push(ChainSpan { name: chain, start, end });
+            self.spans.push(ChainSpan::new(chain, &self.arena, start));
         }
 
         // KUBE-SEP-
+        let dnat_match = match svc.protocol {
+            crate::model::Protocol::Tcp => " -m tcp -p tcp -j DNAT --to-destination ",
+            crate::model::Protocol::Udp => " -m udp -p udp -j DNAT --to-destination ",
+            crate::model::Protocol::Sctp => " -m sctp -p sctp -j DNAT --to-destination ",
+        };
         for ep in &cat.all_reachable {
             let chain = ep.chain_name.as_str();
             let start = self.arena.len();
@@ -482,26 +552,30 @@ impl<'a> Renderer<'a> {
                 a.push_str(" -m comment --comment ");
                 a.push_str(name);
             }
-            let prefix_end = a.len();
             a.push_str(" -s ");
             a.push_str(&ep.ip);
-            a.push_str(" -j KUBE-MARK-MASQ\n");
-            let prefix = a[start..prefix_end].to_string();
-            a.push_str(&prefix);
-            if let Some(_secs) = svc.sticky_seconds {
+            a.push_str(" -j KUBE-MARK-MASQ\n-A ");
+            a.push_str(chain);
+            if !self.large {
+                a.push_str(" -m comment --comment ");
+                a.push_str(name);
+            }
+            if svc.sticky_seconds.is_some() {
                 a.push_str(" -m recent --name ");
                 a.push_str(chain);
                 a.push_str(" --set");
             }
-            let _ = writeln!(a, " -m {proto} -p {proto} -j DNAT --to-destination {}", ep.endpoint);
-            let end = self.arena.len();
-            self.spans.push(ChainSpan { name: chain, start, end });
+            a.push_str(dnat_match);
+            a.push_str(&ep.endpoint);
+            a.push('\n');
+            self.spans.push(ChainSpan::new(chain, &self.arena, start));
         }
 
+        let rules = self.spans[spans_before..].iter().map(|s| s.rules).sum::<usize>();
+        self.service_rules.insert(svc.name.clone(), rules);
         if skip {
-            // Unchanged since the last sync: the kernel already has these chains. Count their
-            // rules for the metrics, then drop them from the input.
-            self.skipped_nat_rules += count_lines(&self.arena[arena_before..]);
+            // Unchanged, but its rule count was not known: count, then leave it out.
+            self.skipped_nat_rules += rules;
             self.arena.truncate(arena_before);
             self.spans.truncate(spans_before);
         }
@@ -516,24 +590,25 @@ impl<'a> Renderer<'a> {
                 a.push_str("-A ");
                 a.push_str(chain);
                 if !self.large {
-                    let _ = write!(a, " -m comment --comment \"{name} -> {}\"", ep.endpoint);
+                    push_endpoint_comment(a, name, &ep.endpoint);
                 }
                 let _ = writeln!(a, " -m recent --name {ep_chain} --rcheck --seconds {secs} --reap -j {ep_chain}");
             }
         }
         let n = eps.len();
+        self.probability(n);
         for (i, ep) in eps.iter().enumerate() {
             let ep_chain = ep.chain_name.as_str();
-            let prob = if i + 1 < n { Some(self.probability(n - i).to_string()) } else { None };
+            let prob = (i + 1 < n).then(|| self.probabilities[n - i].as_str());
             let a = &mut self.arena;
             a.push_str("-A ");
             a.push_str(chain);
             if !self.large {
-                let _ = write!(a, " -m comment --comment \"{name} -> {}\"", ep.endpoint);
+                push_endpoint_comment(a, name, &ep.endpoint);
             }
             if let Some(p) = prob {
                 a.push_str(" -m statistic --mode random --probability ");
-                a.push_str(&p);
+                a.push_str(p);
             }
             a.push_str(" -j ");
             a.push_str(ep_chain);
@@ -547,7 +622,7 @@ impl<'a> Renderer<'a> {
         };
         let mut stale: Vec<String> = existing
             .iter()
-            .filter(|c| is_service_chain_name(c) && !self.active.contains(c.as_str()))
+            .filter(|c| is_service_chain_name(c) && !chain_key(c).is_some_and(|k| self.active.contains(&k)))
             .cloned()
             .collect();
         stale.sort_unstable();
@@ -636,13 +711,15 @@ impl<'a> Renderer<'a> {
         let unchanged = |key: &str, body: &str| !full && state.written.get(key).is_some_and(|b| b == body);
 
         let mut top_level = Vec::new();
-        let mut out = String::with_capacity(self.arena.len() * 2 + 4096);
+        let top_len: usize = filter.iter().chain(nat_top.iter()).map(|(_, _, b)| b.len() + 64).sum();
+        let mut out =
+            String::with_capacity(self.arena.len() + self.spans.len() * 40 + self.stale.len() * 80 + top_len + 256);
 
         // *filter
         out.push_str("*filter\n");
         let filter: Vec<_> = filter.into_iter().filter(|(k, _, body)| !unchanged(k, body)).collect();
         for (_, chain, _) in &filter {
-            let _ = writeln!(out, ":{chain} - [0:0]");
+            push_chain_line(&mut out, chain);
         }
         for (key, _, body) in filter {
             out.push_str(&body);
@@ -656,58 +733,59 @@ impl<'a> Renderer<'a> {
         out.push_str("*nat\n");
         enum Body {
             Top(&'static str, String),
-            Span(usize, usize),
+            Span(usize, usize, usize),
             Stale,
         }
-        let mut nat: Vec<(&str, Body)> = Vec::with_capacity(self.spans.len() + self.stale.len() + 4);
-        let mut firsts: Vec<(&str, Body)> = Vec::new();
+        let mut nat: Vec<(u128, &str, Body)> = Vec::with_capacity(self.spans.len() + self.stale.len() + 4);
+        let mut firsts: Vec<(u128, &str, Body)> = Vec::new();
         for (key, chain, body) in nat_top {
             if unchanged(key, &body) {
                 continue;
             }
             if chain == chains::KUBE_NODEPORTS || chain == chains::KUBE_SERVICES {
-                firsts.push((chain, Body::Top(key, body)));
+                firsts.push((0, chain, Body::Top(key, body)));
             } else {
-                nat.push((chain, Body::Top(key, body)));
+                nat.push((sort_key(chain), chain, Body::Top(key, body)));
             }
         }
         // Each per-service chain has exactly one span: its rules are written together.
         for span in &self.spans {
-            nat.push((span.name, Body::Span(span.start, span.end)));
+            nat.push((span.key, span.name, Body::Span(span.start, span.end, span.rules)));
         }
         for chain in &self.stale {
-            nat.push((chain.as_str(), Body::Stale));
+            nat.push((sort_key(chain), chain.as_str(), Body::Stale));
         }
-        nat.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let all: Vec<(&str, Body)> = firsts.into_iter().chain(nat).collect();
-        for (chain, _) in &all {
-            let _ = writeln!(out, ":{chain} - [0:0]");
+        nat.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        let all: Vec<(u128, &str, Body)> = firsts.into_iter().chain(nat).collect();
+        for (_, chain, _) in &all {
+            push_chain_line(&mut out, chain);
         }
         stats.nat_chains = all.len();
         let mut nat_rules = 0;
-        for (_, body) in &all {
+        for (_, _, body) in &all {
             match body {
                 Body::Top(_, text) => {
                     out.push_str(text);
                     nat_rules += count_lines(text);
                 }
-                Body::Span(s, e) => {
-                    let text = &self.arena[*s..*e];
-                    out.push_str(text);
-                    nat_rules += count_lines(text);
+                Body::Span(s, e, rules) => {
+                    out.push_str(&self.arena[*s..*e]);
+                    nat_rules += rules;
                 }
                 Body::Stale => {}
             }
         }
-        for (chain, body) in &all {
+        for (_, chain, body) in &all {
             if matches!(body, Body::Stale) {
-                let _ = writeln!(out, "-X {chain}");
+                out.push_str("-X ");
+                out.push_str(chain);
+                out.push('\n');
                 nat_rules += 1;
                 stats.deleted_chains += 1;
             }
         }
         out.push_str("COMMIT\n");
-        for (_, body) in all {
+        for (_, _, body) in all {
             if let Body::Top(key, text) = body {
                 top_level.push((key, text));
             }
@@ -716,8 +794,23 @@ impl<'a> Renderer<'a> {
         stats.nat_rules = nat_rules;
         stats.nat_rules_total = nat_rules + self.skipped_nat_rules - stats.deleted_chains;
         stats.filter_rules_total = stats.filter_rules;
-        Rendered { payload: out, full, stats, top_level }
+        Rendered { payload: out, full, stats, top_level, service_rules: self.service_rules }
     }
+}
+
+fn push_chain_line(out: &mut String, chain: &str) {
+    out.push(':');
+    out.push_str(chain);
+    out.push_str(" - [0:0]\n");
+}
+
+/// ` -m comment --comment "ns/svc:port -> ip:port"`
+fn push_endpoint_comment(out: &mut String, service: &str, endpoint: &str) {
+    out.push_str(" -m comment --comment \"");
+    out.push_str(service);
+    out.push_str(" -> ");
+    out.push_str(endpoint);
+    out.push('"');
 }
 
 fn count_lines(s: &str) -> usize {
