@@ -13,10 +13,12 @@
 
 pub mod cli;
 pub mod config;
+pub mod exec;
 pub mod iptables;
 pub mod manifest;
 pub mod model;
 pub mod proxier;
 pub mod render_cmd;
+pub mod runner;
 pub mod synthetic;
 pub mod tracker;

@@ -7,6 +7,8 @@
 pub mod chain_tracker;
 pub mod dump;
 pub mod fake;
+pub mod lock;
+pub mod runner;
 pub mod save;
 
 use std::fmt;

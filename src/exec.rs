@@ -1,0 +1,420 @@
+//! Running external programs: the only place in the crate that spawns processes.
+//!
+//! This module owns the [`Exec`] trait (run one [`Command`] to completion and collect its
+//! [`Output`]), [`RealExec`] (std::process with an optional timeout after which the child is
+//! killed) and [`FakeExec`] (scripted results and a call log, for tests).
+//!
+//! Everything here is synchronous: callers are the proxier's sync and the iptables runner,
+//! which run on a plain thread (or inside `spawn_blocking`).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// One program invocation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Command {
+    pub program: String,
+    pub args: Vec<String>,
+    /// Bytes written to the child's stdin; `None` connects stdin to `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    /// Kill the child if it has not exited after this long.
+    pub timeout: Option<Duration>,
+}
+
+impl Command {
+    pub fn new(program: impl Into<String>) -> Self {
+        Command { program: program.into(), ..Command::default() }
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn stdin(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.stdin = Some(data.into());
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Program and arguments as one vector (`argv`).
+    pub fn argv(&self) -> Vec<String> {
+        std::iter::once(self.program.clone()).chain(self.args.iter().cloned()).collect()
+    }
+}
+
+impl fmt::Display for Command {
+    /// The command line, space-separated, with arguments containing whitespace quoted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.program)?;
+        for arg in &self.args {
+            if arg.is_empty() || arg.contains(char::is_whitespace) {
+                write!(f, " {arg:?}")?;
+            } else {
+                write!(f, " {arg}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a finished child produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Output {
+    /// The exit code; `None` when the child was killed by a signal.
+    pub status: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl Output {
+    /// A successful run that printed `stdout`.
+    pub fn ok(stdout: impl Into<Vec<u8>>) -> Self {
+        Output { status: Some(0), stdout: stdout.into(), stderr: Vec::new() }
+    }
+
+    /// A run that exited with `code` and printed `stderr`.
+    pub fn exit(code: i32, stderr: impl Into<Vec<u8>>) -> Self {
+        Output { status: Some(code), stdout: Vec::new(), stderr: stderr.into() }
+    }
+
+    pub fn success(&self) -> bool {
+        self.status == Some(0)
+    }
+
+    /// stdout followed by stderr, lossily decoded (what a combined-output reader sees, modulo
+    /// interleaving).
+    pub fn combined(&self) -> String {
+        let mut text = String::from_utf8_lossy(&self.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&self.stderr));
+        text
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("{program}: executable not found")]
+    NotFound { program: String },
+    #[error("failed to start {program}: {source}")]
+    Spawn { program: String, source: io::Error },
+    #[error("i/o error talking to {program}: {source}")]
+    Io { program: String, source: io::Error },
+    #[error("{program} did not finish within {timeout:?} and was killed")]
+    TimedOut { program: String, timeout: Duration },
+    /// Only from [`FakeExec`]: a call nobody scripted, or that did not match the script.
+    #[error("unexpected command {command}: {reason}")]
+    Unexpected { command: String, reason: String },
+}
+
+/// Runs commands to completion.
+pub trait Exec: Send + Sync {
+    fn run(&self, cmd: &Command) -> Result<Output, ExecError>;
+}
+
+impl<T: Exec + ?Sized> Exec for Arc<T> {
+    fn run(&self, cmd: &Command) -> Result<Output, ExecError> {
+        (**self).run(cmd)
+    }
+}
+
+/// Runs commands with `std::process`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RealExec;
+
+impl Exec for RealExec {
+    fn run(&self, cmd: &Command) -> Result<Output, ExecError> {
+        let started = Instant::now();
+        let mut child = std::process::Command::new(&cmd.program)
+            .args(&cmd.args)
+            .stdin(if cmd.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| match source.kind() {
+                io::ErrorKind::NotFound => ExecError::NotFound { program: cmd.program.clone() },
+                _ => ExecError::Spawn { program: cmd.program.clone(), source },
+            })?;
+
+        let io_err = |source: io::Error| ExecError::Io { program: cmd.program.clone(), source };
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+
+        // Feed stdin and drain both pipes on their own threads so that a child blocked on a
+        // full pipe can never deadlock against us.
+        let (status, stdout, stderr) = thread::scope(|scope| {
+            let writer = stdin.zip(cmd.stdin.as_deref()).map(|(mut pipe, data)| {
+                scope.spawn(move || match pipe.write_all(data) {
+                    // The child may exit without reading everything (e.g. on a parse error).
+                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+                    other => other,
+                })
+            });
+            let out_reader = stdout.map(|pipe| scope.spawn(move || read_all(pipe)));
+            let err_reader = stderr.map(|pipe| scope.spawn(move || read_all(pipe)));
+
+            let status = wait(&mut child, cmd);
+            let joined = |h: Option<thread::ScopedJoinHandle<'_, io::Result<Vec<u8>>>>| {
+                h.map(|h| h.join().unwrap_or_else(|_| Err(io::Error::other("pipe reader panicked"))))
+                    .unwrap_or_else(|| Ok(Vec::new()))
+            };
+            let stdout = joined(out_reader);
+            let stderr = joined(err_reader);
+            if let Some(w) = writer {
+                w.join().unwrap_or_else(|_| Err(io::Error::other("stdin writer panicked"))).map_err(io_err)?;
+            }
+            Ok::<_, ExecError>((status?, stdout.map_err(io_err)?, stderr.map_err(io_err)?))
+        })?;
+
+        tracing::trace!(command = %cmd, status = ?status.code(), elapsed = ?started.elapsed(), "command finished");
+        Ok(Output { status: status.code(), stdout, stderr })
+    }
+}
+
+fn read_all(mut pipe: impl Read) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    pipe.read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// Waits for `child`, killing it when `cmd.timeout` expires.
+fn wait(child: &mut Child, cmd: &Command) -> Result<ExitStatus, ExecError> {
+    let io_err = |source: io::Error| ExecError::Io { program: cmd.program.clone(), source };
+    let Some(timeout) = cmd.timeout else {
+        return child.wait().map_err(io_err);
+    };
+    let deadline = Instant::now() + timeout;
+    // Poll with a short, growing interval: iptables commands usually finish in a few
+    // milliseconds, and this keeps the latency we add small without a helper thread.
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait().map_err(io_err)? {
+            return Ok(status);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            // Kill and reap; a failure to kill means it exited in between, which is fine.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ExecError::TimedOut { program: cmd.program.clone(), timeout });
+        }
+        thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// One scripted response of a [`FakeExec`].
+#[derive(Debug)]
+pub struct Expectation {
+    /// The command line (argv joined by single spaces) the call must have; `None` accepts any
+    /// call.
+    argv: Option<String>,
+    result: Result<Output, ExecError>,
+}
+
+/// One call a [`FakeExec`] received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub argv: Vec<String>,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Option<Duration>,
+}
+
+impl Call {
+    /// The argv joined with spaces (for compact assertions).
+    pub fn line(&self) -> String {
+        self.argv.join(" ")
+    }
+
+    pub fn stdin_text(&self) -> String {
+        String::from_utf8_lossy(self.stdin.as_deref().unwrap_or_default()).into_owned()
+    }
+}
+
+/// A scripted [`Exec`]: each call consumes the next expectation in order; a call whose command
+/// line does not match it (or with nothing left to consume) fails with
+/// [`ExecError::Unexpected`] and leaves the script untouched. Every call is logged.
+///
+/// Expectations are written as one string and compared with the call's argv joined by spaces
+/// (runs of whitespace count as one), so an argument containing spaces matches the words it is
+/// made of; assert on [`FakeExec::calls`] where argument boundaries matter.
+#[derive(Debug, Default)]
+pub struct FakeExec {
+    inner: Mutex<FakeInner>,
+}
+
+#[derive(Debug, Default)]
+struct FakeInner {
+    script: VecDeque<Expectation>,
+    calls: Vec<Call>,
+}
+
+impl FakeExec {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Expects `argv` (a space-separated command line, program first) and answers `output`.
+    pub fn expect(&self, argv: &str, output: Output) -> &Self {
+        self.push(Some(argv), Ok(output))
+    }
+
+    /// Expects `argv` and fails with `err` (as if the program could not be run).
+    pub fn expect_err(&self, argv: &str, err: ExecError) -> &Self {
+        self.push(Some(argv), Err(err))
+    }
+
+    /// Answers the next call, whatever it is, with `output`.
+    pub fn expect_any(&self, output: Output) -> &Self {
+        self.push(None, Ok(output))
+    }
+
+    fn push(&self, argv: Option<&str>, result: Result<Output, ExecError>) -> &Self {
+        let argv = argv.map(|a| a.split_whitespace().collect::<Vec<_>>().join(" "));
+        self.lock().script.push_back(Expectation { argv, result });
+        self
+    }
+
+    /// Every call so far, oldest first.
+    pub fn calls(&self) -> Vec<Call> {
+        self.lock().calls.clone()
+    }
+
+    /// The argv of every call, each joined with spaces.
+    pub fn call_lines(&self) -> Vec<String> {
+        self.lock().calls.iter().map(Call::line).collect()
+    }
+
+    /// How many scripted responses have not been used yet.
+    pub fn remaining(&self) -> usize {
+        self.lock().script.len()
+    }
+
+    pub fn clear_calls(&self) {
+        self.lock().calls.clear();
+    }
+}
+
+impl Exec for FakeExec {
+    fn run(&self, cmd: &Command) -> Result<Output, ExecError> {
+        let mut inner = self.lock();
+        let call = Call { argv: cmd.argv(), stdin: cmd.stdin.clone(), timeout: cmd.timeout };
+        let line = call.line().split_whitespace().collect::<Vec<_>>().join(" ");
+        inner.calls.push(call);
+        let unexpected = |reason: String| ExecError::Unexpected { command: cmd.to_string(), reason };
+        let Some(next) = inner.script.front() else {
+            return Err(unexpected("no more calls were scripted".into()));
+        };
+        if let Some(expected) = &next.argv
+            && *expected != line
+        {
+            return Err(unexpected(format!("expected `{expected}`")));
+        }
+        inner.script.pop_front().map_or_else(|| Err(unexpected("script is empty".into())), |e| e.result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_exec_collects_output_and_status() {
+        let out = RealExec.run(&Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"])).expect("runs");
+        assert_eq!(out.status, Some(3));
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
+        assert!(!out.success());
+    }
+
+    #[test]
+    fn real_exec_feeds_large_stdin() {
+        // Larger than a pipe buffer in both directions.
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let out = RealExec.run(&Command::new("cat").stdin(data.clone())).expect("runs");
+        assert!(out.success());
+        assert_eq!(out.stdout, data);
+    }
+
+    #[test]
+    fn real_exec_child_ignoring_stdin() {
+        let data = vec![b'x'; 1_000_000];
+        let out = RealExec.run(&Command::new("true").stdin(data)).expect("broken pipe is not an error");
+        assert!(out.success());
+    }
+
+    #[test]
+    fn real_exec_times_out_and_kills() {
+        let started = Instant::now();
+        let err = RealExec
+            .run(&Command::new("sleep").arg("10").timeout(Duration::from_millis(100)))
+            .expect_err("must time out");
+        assert!(matches!(err, ExecError::TimedOut { .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn real_exec_reports_signal_as_no_status() {
+        let out = RealExec.run(&Command::new("sh").args(["-c", "kill -9 $$"])).expect("runs");
+        assert_eq!(out.status, None);
+    }
+
+    #[test]
+    fn real_exec_missing_program() {
+        let err = RealExec.run(&Command::new("/nonexistent/kube-proxy-rs-test")).expect_err("missing");
+        assert!(matches!(err, ExecError::NotFound { .. }), "{err}");
+    }
+
+    #[test]
+    fn fake_exec_plays_script_in_order_and_logs() {
+        let fake = FakeExec::new();
+        fake.expect("iptables --version", Output::ok("iptables v1.8.9 (nf_tables)\n"))
+            .expect("iptables-restore --noflush", Output::exit(2, "bad"));
+        let out = fake.run(&Command::new("iptables").arg("--version")).expect("scripted");
+        assert!(out.success());
+        let out = fake.run(&Command::new("iptables-restore").arg("--noflush").stdin("*nat\n")).expect("scripted");
+        assert_eq!(out.status, Some(2));
+        assert_eq!(fake.call_lines(), ["iptables --version", "iptables-restore --noflush"]);
+        assert_eq!(fake.calls()[1].stdin_text(), "*nat\n");
+        assert_eq!(fake.remaining(), 0);
+        assert!(matches!(fake.run(&Command::new("x")), Err(ExecError::Unexpected { .. })));
+    }
+
+    #[test]
+    fn fake_exec_rejects_mismatch_without_consuming() {
+        let fake = FakeExec::new();
+        fake.expect("a b", Output::ok(""));
+        let err = fake.run(&Command::new("a").arg("c")).expect_err("mismatch");
+        assert!(err.to_string().contains("expected `a b`"), "{err}");
+        assert_eq!(fake.remaining(), 1);
+        assert!(fake.run(&Command::new("a").arg("b")).is_ok());
+    }
+
+    #[test]
+    fn command_display_quotes_spaces() {
+        let cmd = Command::new("iptables").args(["-m", "comment", "--comment", "a b", ""]);
+        assert_eq!(cmd.to_string(), r#"iptables -m comment --comment "a b" """#);
+    }
+}

@@ -1,0 +1,495 @@
+//! The iptables runner against the real binaries, for both the nft and the legacy backend,
+//! each test in private network namespaces it creates and always deletes.
+//!
+//! These tests need root (to create namespaces); without it they print why and pass.
+//! Addresses in rules come only from 198.18.0.0/15 and 203.0.113.0/24.
+//!
+//! Where a whole rule set is checked, the expectation is what the fake iptables holds after
+//! the same events, pushed through the kernel once (restored into a second, fresh namespace
+//! and saved again) so that both sides carry the kernel's normalisation (`/32` suffixes,
+//! quoting, match order).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::exec::{Command, Exec, Output, RealExec};
+use kube_proxy_rs::iptables::dump::Dump;
+use kube_proxy_rs::iptables::fake::FakeIptables;
+use kube_proxy_rs::iptables::runner::{Backend, IptablesRunner, IptablesVersion, RunnerOptions};
+use kube_proxy_rs::iptables::{FlushFlag, Iptables, IptablesError, RestoreCounters, RulePosition, Table};
+use kube_proxy_rs::model::{Cidr, IpFamily};
+use kube_proxy_rs::proxier::local_detect::LocalDetector;
+use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
+use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome, SyncReport};
+
+use crate::support::fixtures::{ep, slice, svc};
+
+const BACKENDS: [Backend; 2] = [Backend::Nft, Backend::Legacy];
+const NODE_NAME: &str = "test-node";
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+            line.split_whitespace().nth(2).map(|euid| euid == "0")
+        })
+        .unwrap_or(false)
+}
+
+/// Returns early (passing) when not root, saying why.
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("skipping: creating network namespaces for real-iptables tests needs root");
+            return;
+        }
+    };
+}
+
+/// A network namespace deleted on drop, even when the test panics.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn create(tag: &str) -> Netns {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let name = format!("kprs-{}-{tag}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let out = RealExec.run(&Command::new("ip").args(["netns", "add", name.as_str()])).expect("run ip");
+        assert!(out.success(), "ip netns add {name}: {}", out.combined());
+        Netns { name }
+    }
+
+    /// Runs `argv` inside the namespace.
+    fn run(&self, argv: &[&str]) -> Output {
+        let cmd = Command::new("ip")
+            .args(["netns", "exec", self.name.as_str()])
+            .args(argv.iter().copied())
+            .timeout(Duration::from_secs(60));
+        RealExec.run(&cmd).expect("run ip netns exec")
+    }
+
+    /// Runs `argv` inside the namespace, which must succeed; returns stdout.
+    fn ok(&self, argv: &[&str]) -> String {
+        let out = self.run(argv);
+        assert!(out.success(), "{argv:?} failed: {}", out.combined());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn runner(&self, backend: Backend, family: IpFamily) -> IptablesRunner {
+        let options =
+            RunnerOptions { backend, netns: Some(self.name.clone()), command_timeout: Duration::from_secs(60) };
+        IptablesRunner::new(Arc::new(RealExec), family, options)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        match RealExec.run(&Command::new("ip").args(["netns", "del", self.name.as_str()])) {
+            Ok(out) if out.success() => {}
+            Ok(out) => eprintln!("warning: ip netns del {}: {}", self.name, out.combined()),
+            Err(e) => eprintln!("warning: ip netns del {}: {e}", self.name),
+        }
+    }
+}
+
+fn save(ipt: &dyn Iptables, table: Table) -> String {
+    let mut buf = Vec::new();
+    ipt.save_into(table, &mut buf).expect("save");
+    String::from_utf8(buf).expect("utf-8")
+}
+
+/// filter and nat of a save, each table's chains sorted by name (nft lists them in creation
+/// order, legacy alphabetically), counters zeroed, comments dropped.
+fn canonical(ipt: &dyn Iptables) -> String {
+    let mut out = String::new();
+    for table in [Table::Filter, Table::Nat] {
+        let mut dump = Dump::parse(&save(ipt, table)).expect("save output parses");
+        for t in &mut dump.tables {
+            t.chains.sort_by(|a, b| a.name.cmp(&b.name));
+            for c in &mut t.chains {
+                c.packets = 0;
+                c.bytes = 0;
+            }
+        }
+        out.push_str(&dump.to_string());
+    }
+    out
+}
+
+/// Chain name to rule lines, for one table.
+fn chain_rules(ipt: &dyn Iptables, table: Table) -> BTreeMap<String, Vec<String>> {
+    let dump = Dump::parse(&save(ipt, table)).expect("save output parses");
+    dump.tables.iter().flat_map(|t| t.chains.iter()).map(|c| (c.name.clone(), c.rules.clone())).collect()
+}
+
+fn assert_same_rules(expected: &str, actual: &str, what: &str) {
+    if expected == actual {
+        return;
+    }
+    let diff = similar::TextDiff::from_lines(expected, actual);
+    let mut text = String::new();
+    for change in diff.iter_all_changes() {
+        let sign = match change.tag() {
+            similar::ChangeTag::Delete => "-",
+            similar::ChangeTag::Insert => "+",
+            similar::ChangeTag::Equal => " ",
+        };
+        text.push_str(&format!("{sign}{change}"));
+    }
+    panic!("{what}: kernel rules differ (- expected, + actual):\n{text}");
+}
+
+#[test]
+fn runner_probes_the_installed_binaries() {
+    require_root!();
+    for backend in BACKENDS {
+        let ns = Netns::create("probe");
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let ipt = ns.runner(backend, family);
+            let version = ipt.version().expect("version detected");
+            assert!(version >= IptablesVersion::new(1, 8, 0), "{backend}: {version}");
+            assert_eq!(ipt.wait_flag(), ["-w", "5", "-W", "100000"]);
+            assert_eq!(ipt.restore_wait_flag(), ["-w", "5", "-W", "100000"]);
+            assert!(ipt.has_random_fully());
+            assert!(ipt.present(), "{backend} {family:?}: nat POSTROUTING present");
+        }
+    }
+}
+
+#[test]
+fn chain_and_rule_operations_are_idempotent() {
+    require_root!();
+    for backend in BACKENDS {
+        let ns = Netns::create("ops");
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let ipt = ns.runner(backend, family);
+            let ctx = format!("{backend} {family:?}");
+            assert!(!ipt.chain_exists(Table::Nat, "KUBE-TEST").expect("check"), "{ctx}");
+            assert!(!ipt.ensure_chain(Table::Nat, "KUBE-TEST").expect("create"), "{ctx}: created");
+            assert!(ipt.ensure_chain(Table::Nat, "KUBE-TEST").expect("create"), "{ctx}: existed");
+            assert!(ipt.chain_exists(Table::Nat, "KUBE-TEST").expect("check"), "{ctx}");
+
+            let jump = ["-m", "comment", "--comment", "kube-proxy-rs test jump", "-j", "KUBE-TEST"];
+            assert!(!ipt.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &jump).expect("add"), "{ctx}");
+            assert!(ipt.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &jump).expect("add"), "{ctx}");
+            let ret = ["-m", "comment", "--comment", "second", "-j", "RETURN"];
+            assert!(!ipt.ensure_rule(RulePosition::Append, Table::Nat, "KUBE-TEST", &ret).expect("add"), "{ctx}");
+            let nat = save(&ipt, Table::Nat);
+            assert_eq!(nat.matches("kube-proxy-rs test jump").count(), 1, "{ctx}: one jump rule\n{nat}");
+            assert!(nat.contains("-A KUBE-TEST -m comment --comment second -j RETURN"), "{ctx}\n{nat}");
+
+            // A chain still referenced cannot be deleted.
+            assert!(ipt.delete_chain(Table::Nat, "KUBE-TEST").is_err(), "{ctx}");
+            ipt.delete_rule(Table::Nat, "PREROUTING", &jump).expect("delete");
+            ipt.delete_rule(Table::Nat, "PREROUTING", &jump).expect("deleting an absent rule is fine");
+            ipt.flush_chain(Table::Nat, "KUBE-TEST").expect("flush");
+            assert!(!save(&ipt, Table::Nat).contains("second"), "{ctx}: flushed");
+            ipt.delete_chain(Table::Nat, "KUBE-TEST").expect("delete chain");
+            assert!(!ipt.chain_exists(Table::Nat, "KUBE-TEST").expect("check"), "{ctx}");
+            let err = ipt.delete_chain(Table::Nat, "KUBE-TEST").expect_err("already gone");
+            assert!(matches!(err, IptablesError::Failed { status: 1, .. }), "{ctx}: {err}");
+            assert!(ipt.flush_chain(Table::Nat, "KUBE-TEST").is_err(), "{ctx}");
+        }
+    }
+}
+
+const FOREIGN: &str = "*nat\n\
+:FOREIGN - [0:0]\n\
+-A PREROUTING -d 203.0.113.99/32 -j FOREIGN\n\
+-A FOREIGN -d 203.0.113.99/32 -j RETURN\n\
+COMMIT\n\
+*filter\n\
+-A INPUT -s 203.0.113.98/32 -m comment --comment \"someone else\" -j ACCEPT\n\
+COMMIT\n";
+
+#[test]
+fn restore_noflush_keeps_other_owners_rules() {
+    require_root!();
+    for backend in BACKENDS {
+        let ns = Netns::create("restore");
+        let ipt = ns.runner(backend, IpFamily::V4);
+        ipt.restore_all(FOREIGN.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).expect("foreign rules");
+
+        let ours = "*nat\n:KUBE-OURS - [0:0]\n-A KUBE-OURS -d 198.18.0.1/32 -j RETURN\nCOMMIT\n";
+        ipt.restore_all(ours.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters).expect("restore");
+        // Redeclaring our chain flushes it; the restore of one table leaves the other alone.
+        let ours2 = "*nat\n:KUBE-OURS - [0:0]\n-A KUBE-OURS -d 198.18.0.2/32 -j RETURN\nCOMMIT\n";
+        ipt.restore(Table::Nat, ours2.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).expect("restore");
+
+        let nat = save(&ipt, Table::Nat);
+        let filter = save(&ipt, Table::Filter);
+        assert!(nat.contains("-A PREROUTING -d 203.0.113.99/32 -j FOREIGN"), "{backend}\n{nat}");
+        assert!(nat.contains("-A FOREIGN -d 203.0.113.99/32 -j RETURN"), "{backend}\n{nat}");
+        assert!(filter.contains("-A INPUT -s 203.0.113.98/32"), "{backend}\n{filter}");
+        assert!(nat.contains("-A KUBE-OURS -d 198.18.0.2/32 -j RETURN"), "{backend}\n{nat}");
+        assert!(!nat.contains("198.18.0.1/32"), "{backend}: redeclared chain was flushed\n{nat}");
+
+        // Also visible to the plain binaries, i.e. the runner really used this backend.
+        let listed = ns.ok(&[&format!("iptables-{backend}-save"), "-t", "nat"]);
+        assert!(listed.contains("KUBE-OURS"), "{backend}\n{listed}");
+    }
+}
+
+#[test]
+fn bad_restore_line_is_reported_with_its_number() {
+    require_root!();
+    for backend in BACKENDS {
+        let ns = Netns::create("badline");
+        let ipt = ns.runner(backend, IpFamily::V4);
+        let before = canonical(&ipt);
+
+        // An unknown option: both backends blame the rule's own line.
+        let data = "*nat\n:KUBE-A - [0:0]\n-A KUBE-A -d 198.18.0.1/32 -j RETURN\n-A KUBE-A --bogus-option\nCOMMIT\n";
+        let err = ipt.restore_all(data.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters).expect_err("bad");
+        assert_eq!(err.restore_line(), Some(4), "{backend}: {err}");
+        let context = kube_proxy_rs::iptables::save::format_line_context(data.as_bytes(), 4, 1);
+        assert!(context.contains("> 4 | -A KUBE-A --bogus-option"), "{context}");
+
+        // A jump to a missing chain: legacy blames the rule, nft the COMMIT that applies it.
+        let data = "*nat\n:KUBE-B - [0:0]\n-A KUBE-B -j KUBE-MISSING\n-A KUBE-B -j RETURN\nCOMMIT\n";
+        let err = ipt.restore_all(data.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters).expect_err("bad");
+        let expected = match backend {
+            Backend::Legacy => 3,
+            _ => 5,
+        };
+        assert_eq!(err.restore_line(), Some(expected), "{backend}: {err}");
+
+        // Nothing was applied.
+        assert_same_rules(&before, &canonical(&ipt), &format!("{backend} after failed restores"));
+    }
+}
+
+fn render_config(random_fully: bool) -> RenderConfig {
+    RenderConfig {
+        family: IpFamily::V4,
+        masquerade_all: false,
+        masquerade_mark: "0x4000".into(),
+        localhost_nodeports: false,
+        local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("198.19.0.0/16").expect("cidr")),
+        node_ip: Some("198.18.255.1".parse().expect("ip")),
+        node_port_addresses: NodePortAddresses::new(IpFamily::V4, &[]),
+        random_fully,
+        conntrack_tcp_liberal: false,
+    }
+}
+
+fn new_proxier(ipt: Arc<dyn Iptables>) -> Proxier {
+    let cfg = ProxierConfig {
+        render: render_config(ipt.has_random_fully()),
+        hostname: NODE_NAME.into(),
+        sync_period: Duration::from_secs(30),
+    };
+    let mut proxier = Proxier::new(cfg, ipt, Arc::new(StaticInterfaces(vec!["198.18.255.1".parse().expect("ip")])));
+    proxier.on_services_synced();
+    proxier.on_endpoint_slices_synced();
+    proxier
+}
+
+#[track_caller]
+fn sync(proxier: &mut Proxier, now: Instant) -> SyncReport {
+    match proxier.sync(now) {
+        SyncOutcome::Synced(report) => {
+            if let Err(e) = &report.result {
+                panic!("sync failed: {e}\npayload:\n{}", report.payload);
+            }
+            *report
+        }
+        SyncOutcome::NotInitialized => panic!("proxier not initialized"),
+    }
+}
+
+/// The cluster: services and their slices by name.
+struct Cluster {
+    services: BTreeMap<&'static str, Service>,
+    slices: BTreeMap<&'static str, EndpointSlice>,
+}
+
+fn cluster() -> Cluster {
+    let services = BTreeMap::from([
+        ("web", svc("ns1", "web").cluster_ip("198.18.0.10").tcp("p80", 80).build()),
+        ("np", svc("ns1", "np").type_("NodePort").cluster_ip("198.18.0.11").node_port("p80", 80, 30080).build()),
+        (
+            "lb",
+            svc("ns2", "lb")
+                .type_("LoadBalancer")
+                .cluster_ip("198.18.0.12")
+                .node_port("p80", 80, 30081)
+                .lb_ingress(&["203.0.113.10"])
+                .source_ranges(&["203.0.113.0/25"])
+                .external_ips(&["203.0.113.20"])
+                .build(),
+        ),
+        ("dns", svc("ns2", "dns").cluster_ip("198.18.0.13").udp("dns", 53).affinity(Some(10800)).build()),
+        ("empty", svc("ns3", "empty").cluster_ip("198.18.0.14").tcp("p80", 80).build()),
+    ]);
+    let slices = BTreeMap::from([
+        ("web", slice("ns1", "web", "web-1").tcp("p80", 8080).ips(&["198.19.1.1", "198.19.1.2"]).build()),
+        ("np", slice("ns1", "np", "np-1").tcp("p80", 8080).ips(&["198.19.2.1"]).build()),
+        (
+            "lb",
+            slice("ns2", "lb", "lb-1")
+                .tcp("p80", 8080)
+                .endpoint(ep("198.19.3.1").node(NODE_NAME))
+                .endpoint(ep("198.19.3.2").node("other-node"))
+                .build(),
+        ),
+        ("dns", slice("ns2", "dns", "dns-1").udp("dns", 53).ips(&["198.19.4.1"]).build()),
+    ]);
+    Cluster { services, slices }
+}
+
+impl Cluster {
+    fn apply_to(&self, proxier: &mut Proxier) {
+        for s in self.services.values() {
+            proxier.on_service_update(None, Some(s));
+        }
+        for s in self.slices.values() {
+            proxier.on_endpoint_slice_update(s, false);
+        }
+    }
+}
+
+/// What the kernel holds after restoring the rules a fresh fake-backed proxier writes for
+/// `cluster` in one full sync (starting from the foreign rules).
+fn expected_rules(backend: Backend, cluster: &Cluster, random_fully: bool) -> String {
+    let fake = Arc::new(FakeIptables::new(IpFamily::V4));
+    fake.set_has_random_fully(random_fully);
+    fake.seed(FOREIGN.as_bytes()).expect("seed foreign rules");
+    let mut proxier = new_proxier(fake.clone());
+    cluster.apply_to(&mut proxier);
+    let report = sync(&mut proxier, Instant::now());
+    assert!(report.full);
+
+    let reference = Netns::create("ref");
+    let ipt = reference.runner(backend, IpFamily::V4);
+    ipt.restore_all(fake.save_all().as_bytes(), FlushFlag::Flush, RestoreCounters::NoCounters)
+        .expect("the fake's state restores into a real kernel");
+    canonical(&ipt)
+}
+
+fn svc_chains(rules: &BTreeMap<String, Vec<String>>, comment: &str) -> Vec<String> {
+    rules
+        .iter()
+        .filter(|(name, r)| {
+            (name.starts_with("KUBE-SVC-") || name.starts_with("KUBE-SEP-") || name.starts_with("KUBE-EXT-"))
+                && !r.is_empty()
+                && r.iter().all(|rule| rule.contains(comment))
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+#[test]
+fn proxier_full_and_partial_syncs_on_real_iptables() {
+    require_root!();
+    for backend in BACKENDS {
+        let ns = Netns::create("sync");
+        let ipt = Arc::new(ns.runner(backend, IpFamily::V4));
+        let random_fully = ipt.has_random_fully();
+        ipt.restore_all(FOREIGN.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).expect("foreign rules");
+
+        let mut cluster = cluster();
+        let mut proxier = new_proxier(ipt.clone());
+        cluster.apply_to(&mut proxier);
+        let mut now = Instant::now();
+
+        // Full sync: exactly the rendered rules (and the jumps), foreign rules intact.
+        let report = sync(&mut proxier, now);
+        assert!(report.full, "{backend}: first sync is full");
+        let after_full = canonical(ipt.as_ref());
+        assert_same_rules(&expected_rules(backend, &cluster, random_fully), &after_full, &format!("{backend} full"));
+        let nat = chain_rules(ipt.as_ref(), Table::Nat);
+        for chain in ["KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "FOREIGN"] {
+            assert!(nat.contains_key(chain), "{backend}: nat {chain} exists");
+        }
+        assert!(nat["PREROUTING"].iter().any(|r| r.contains("kubernetes service portals")), "{backend}");
+        assert!(nat["PREROUTING"].iter().any(|r| r.contains("-j FOREIGN")), "{backend}");
+        let web_chains = svc_chains(&nat, "ns1/web:p80");
+        assert_eq!(web_chains.len(), 3, "{backend}: web has a SVC chain and two SEP chains: {web_chains:?}");
+
+        // Partial sync: one more web endpoint changes only web's chains.
+        let before = chain_rules(ipt.as_ref(), Table::Nat);
+        let filter_before = chain_rules(ipt.as_ref(), Table::Filter);
+        cluster.slices.insert(
+            "web",
+            slice("ns1", "web", "web-1").tcp("p80", 8080).ips(&["198.19.1.1", "198.19.1.2", "198.19.1.3"]).build(),
+        );
+        proxier.on_endpoint_slice_update(&cluster.slices["web"], false);
+        now += Duration::from_secs(1);
+        let report = sync(&mut proxier, now);
+        assert!(!report.full, "{backend}: second sync is partial");
+        assert!(!report.payload.contains("ns1/np:p80"), "{backend}: partial payload skips unchanged services");
+        let after = chain_rules(ipt.as_ref(), Table::Nat);
+        let changed: Vec<&String> = before
+            .keys()
+            .chain(after.keys())
+            .filter(|c| before.get(*c) != after.get(*c))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert!(!changed.is_empty(), "{backend}: something changed");
+        let web_after = svc_chains(&after, "ns1/web:p80");
+        assert_eq!(web_after.len(), 4, "{backend}: {web_after:?}");
+        for chain in &changed {
+            assert!(web_after.contains(chain), "{backend}: partial sync changed {chain}, not one of web's chains");
+        }
+        assert_eq!(filter_before, chain_rules(ipt.as_ref(), Table::Filter), "{backend}: filter untouched");
+        assert_same_rules(
+            &expected_rules(backend, &cluster, random_fully),
+            &canonical(ipt.as_ref()),
+            &format!("{backend} partial equals full"),
+        );
+
+        // Deleting services removes their chains at the next sync.
+        let np_chains = svc_chains(&after, "ns1/np:p80");
+        assert!(!np_chains.is_empty(), "{backend}");
+        let np = cluster.services.remove("np").expect("np");
+        let np_slice = cluster.slices.remove("np").expect("np slice");
+        proxier.on_service_update(Some(&np), None);
+        proxier.on_endpoint_slice_update(&np_slice, true);
+        let empty = cluster.services.remove("empty").expect("empty");
+        proxier.on_service_update(Some(&empty), None);
+        now += Duration::from_secs(1);
+        sync(&mut proxier, now);
+        let nat = chain_rules(ipt.as_ref(), Table::Nat);
+        for chain in &np_chains {
+            assert!(!nat.contains_key(chain), "{backend}: {chain} of the deleted service is gone");
+        }
+        assert!(!save(ipt.as_ref(), Table::Filter).contains("ns3/empty"), "{backend}: REJECT rule gone");
+        assert_same_rules(
+            &expected_rules(backend, &cluster, random_fully),
+            &canonical(ipt.as_ref()),
+            &format!("{backend} after deletes"),
+        );
+
+        // Our chains flushed from outside: the next full sync repairs them.
+        ns.ok(&[&format!("iptables-{backend}"), "-t", "nat", "-F", "KUBE-SERVICES"]);
+        ns.ok(&[
+            &format!("iptables-{backend}"),
+            "-t",
+            "nat",
+            "-D",
+            "PREROUTING",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes service portals",
+            "-j",
+            "KUBE-SERVICES",
+        ]);
+        proxier.force_full_sync();
+        now += Duration::from_secs(1);
+        assert!(sync(&mut proxier, now).full);
+        assert_same_rules(
+            &expected_rules(backend, &cluster, random_fully),
+            &canonical(ipt.as_ref()),
+            &format!("{backend} after repair"),
+        );
+    }
+}
