@@ -9,8 +9,10 @@
 //! Start reading at [`proxier::render`], which turns service and endpoint maps into the exact
 //! `iptables-restore` input upstream kube-proxy writes; [`tracker`] turns Services and
 //! EndpointSlices into those maps; [`model`] holds the compact per-port and per-endpoint
-//! records; [`iptables`] is the only place that knows how rules reach the kernel.
+//! records; [`iptables`] is the only place that knows how rules reach the kernel, and [`exec`]
+//! the only place that starts processes. [`runner`] paces syncs; [`cleanup`] is `--cleanup`.
 
+pub mod cleanup;
 pub mod cli;
 pub mod config;
 pub mod exec;

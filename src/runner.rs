@@ -33,6 +33,12 @@ pub enum RunnerError {
     ZeroBurst { name: String },
 }
 
+/// `now + d`, saturating at a far-future instant instead of overflowing on absurd durations.
+pub(crate) fn instant_after(now: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(d).or_else(|| now.checked_add(CENTURY)).unwrap_or(now)
+}
+
 /// A token bucket holding up to `burst` tokens, refilled at one token per `period`, kept as
 /// exact nanosecond credit (one token = `period` of credit) so that "one period after the
 /// bucket emptied" always admits a run, with no float rounding.
@@ -100,7 +106,7 @@ impl Schedule {
             return Err(RunnerError::ZeroBurst { name: name.to_string() });
         }
         let limiter = (!min_interval.is_zero()).then(|| TokenBucket::new(min_interval, burst, now));
-        Ok(Schedule { min_interval, max_interval, limiter, last_run: None, deadline: now + max_interval })
+        Ok(Schedule { min_interval, max_interval, limiter, last_run: None, deadline: instant_after(now, max_interval) })
     }
 
     /// When the timer next fires.
@@ -133,7 +139,7 @@ impl Schedule {
     /// The function finished at `now`: the timer is re-armed for `max_interval`.
     pub fn ran(&mut self, now: Instant) {
         self.last_run = Some(now);
-        self.deadline = now + self.max_interval;
+        self.deadline = instant_after(now, self.max_interval);
     }
 
     /// A retry was requested for `at`; it moves the timer earlier, never later.
@@ -185,7 +191,7 @@ impl RunnerHandle {
 
     /// Asks for a run no later than `delay` from now (the earliest of pending retries wins).
     pub fn retry_after(&self, delay: Duration) {
-        let at = now() + delay;
+        let at = instant_after(now(), delay);
         {
             let mut requests = self.shared.requests.lock().unwrap_or_else(PoisonError::into_inner);
             requests.retry_at = Some(requests.retry_at.map_or(at, |t| t.min(at)));
@@ -276,7 +282,7 @@ impl BoundedFrequencyRunner {
         let finished = now();
         schedule.ran(finished);
         if let Some(delay) = retry {
-            schedule.retry(finished, finished + delay);
+            schedule.retry(finished, instant_after(finished, delay));
         }
         tracing::trace!(
             runner = %self.name,
@@ -347,6 +353,17 @@ mod tests {
             s.ran(at(t0, i));
         }
         assert_eq!(s.deadline(), at(t0, 14));
+    }
+
+    #[test]
+    fn absurd_durations_do_not_overflow() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new("t", Duration::MAX, Duration::MAX, 1, t0).expect("valid");
+        assert!(s.deadline() > t0);
+        assert!(s.try_run(t0));
+        s.ran(t0);
+        assert!(!s.try_run(t0));
+        s.retry(t0, instant_after(t0, Duration::MAX));
     }
 
     #[test]

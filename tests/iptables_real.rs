@@ -16,9 +16,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::cleanup::cleanup_leftovers;
 use kube_proxy_rs::exec::{Command, Exec, Output, RealExec};
 use kube_proxy_rs::iptables::dump::Dump;
 use kube_proxy_rs::iptables::fake::FakeIptables;
+use kube_proxy_rs::iptables::monitor::{CANARY_TABLES, CanaryMonitor};
 use kube_proxy_rs::iptables::runner::{Backend, IptablesRunner, IptablesVersion, RunnerOptions};
 use kube_proxy_rs::iptables::{FlushFlag, Iptables, IptablesError, RestoreCounters, RulePosition, Table};
 use kube_proxy_rs::model::{Cidr, IpFamily};
@@ -491,5 +493,126 @@ fn proxier_full_and_partial_syncs_on_real_iptables() {
             &canonical(ipt.as_ref()),
             &format!("{backend} after repair"),
         );
+    }
+}
+
+/// Our chains (KUBE-*) and the rules in built-in chains that jump to them.
+fn kube_state(ipt: &dyn Iptables) -> BTreeMap<String, Vec<String>> {
+    let mut state = BTreeMap::new();
+    for table in [Table::Filter, Table::Nat] {
+        for (chain, rules) in chain_rules(ipt, table) {
+            let kept: Vec<String> = if chain.starts_with("KUBE-") {
+                rules
+            } else {
+                rules.into_iter().filter(|r| r.contains("-j KUBE-")).collect()
+            };
+            state.insert(format!("{table}/{chain}"), kept);
+        }
+    }
+    state
+}
+
+#[test]
+fn canary_flush_is_repaired_and_cleanup_removes_only_ours() {
+    require_root!();
+    for backend in BACKENDS {
+        let ns = Netns::create("canary");
+        let ipt = Arc::new(ns.runner(backend, IpFamily::V4));
+        ipt.restore_all(FOREIGN.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).expect("foreign rules");
+        let cluster = cluster();
+        let mut proxier = new_proxier(ipt.clone());
+        cluster.apply_to(&mut proxier);
+        let mut now = Instant::now();
+        sync(&mut proxier, now);
+        let synced = kube_state(ipt.as_ref());
+
+        let mut monitor = CanaryMonitor::new(ipt.clone(), "KUBE-PROXY-CANARY", &CANARY_TABLES, Duration::from_secs(30));
+        assert!(!monitor.step(now).reload, "{backend}: canaries created");
+        for table in ["mangle", "nat", "filter"] {
+            ns.ok(&[&format!("iptables-{backend}"), "-t", table, "-S", "KUBE-PROXY-CANARY"]);
+        }
+        now += Duration::from_secs(30);
+        assert!(!monitor.step(now).reload, "{backend}: nothing happened yet");
+
+        // Someone flushes nat and removes the canaries, as a firewall reload would.
+        let iptables = format!("iptables-{backend}");
+        ns.ok(&[&iptables, "-t", "nat", "-F"]);
+        for table in ["mangle", "nat", "filter"] {
+            ns.ok(&[&iptables, "-t", table, "-X", "KUBE-PROXY-CANARY"]);
+        }
+        assert_ne!(kube_state(ipt.as_ref()), synced, "{backend}: the flush broke our rules");
+        now += Duration::from_secs(30);
+        let step = monitor.step(now);
+        assert!(step.reload, "{backend}: the monitor notices within one interval");
+        proxier.force_full_sync();
+        assert!(sync(&mut proxier, now).full);
+        assert_eq!(kube_state(ipt.as_ref()), synced, "{backend}: a full resync repaired our rules");
+        assert!(!monitor.step(now).reload, "{backend}: canaries re-created");
+        ns.ok(&[&iptables, "-t", "mangle", "-S", "KUBE-PROXY-CANARY"]);
+        monitor.remove_canaries();
+
+        // --cleanup: none of our chains left, other owners' rules untouched, idempotent.
+        ipt.restore_all(FOREIGN.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).expect("foreign again");
+        let report = cleanup_leftovers(ipt.as_ref());
+        assert!(report.success(), "{backend}: {:?}", report.errors);
+        assert!(report.kept_referenced.is_empty(), "{backend}");
+        let after = kube_state(ipt.as_ref());
+        let left: Vec<&String> =
+            after.iter().filter(|(k, v)| k.contains("/KUBE-") || !v.is_empty()).map(|(k, _)| k).collect();
+        assert_eq!(left, ["filter/INPUT", "filter/KUBE-FIREWALL", "filter/OUTPUT"], "{backend}: only kubelet's");
+        assert_eq!(after["filter/INPUT"], ["-j KUBE-FIREWALL"], "{backend}");
+        let nat = save(ipt.as_ref(), Table::Nat);
+        assert!(nat.contains("-A FOREIGN -d 203.0.113.99/32 -j RETURN"), "{backend}\n{nat}");
+        assert!(nat.contains("-A PREROUTING -d 203.0.113.99/32 -j FOREIGN"), "{backend}\n{nat}");
+        assert!(save(ipt.as_ref(), Table::Filter).contains("203.0.113.98/32"), "{backend}");
+
+        let before_second = canonical(ipt.as_ref());
+        let report = cleanup_leftovers(ipt.as_ref());
+        assert!(report.success(), "{backend}: second cleanup: {:?}", report.errors);
+        assert!(report.deleted.is_empty(), "{backend}");
+        assert_same_rules(&before_second, &canonical(ipt.as_ref()), &format!("{backend} second cleanup"));
+    }
+}
+
+#[test]
+fn failed_restore_is_reported_with_context_and_retried_full() {
+    require_root!();
+    for backend in BACKENDS {
+        let ns = Netns::create("retry");
+        let ipt = Arc::new(ns.runner(backend, IpFamily::V4));
+        let mut cluster = cluster();
+        let mut proxier = new_proxier(ipt.clone());
+        cluster.apply_to(&mut proxier);
+        let mut now = Instant::now();
+        sync(&mut proxier, now);
+
+        // Another owner jumps to web's service chain, so deleting web cannot delete it.
+        let nat = chain_rules(ipt.as_ref(), Table::Nat);
+        let web_svc = svc_chains(&nat, "ns1/web:p80").into_iter().find(|c| c.starts_with("KUBE-SVC-")).expect("svc");
+        let iptables = format!("iptables-{backend}");
+        ns.ok(&[&iptables, "-t", "nat", "-N", "FOREIGN"]);
+        ns.ok(&[&iptables, "-t", "nat", "-A", "FOREIGN", "-d", "203.0.113.7/32", "-j", &web_svc]);
+
+        let web = cluster.services.remove("web").expect("web");
+        let web_slice = cluster.slices.remove("web").expect("web slice");
+        proxier.on_service_update(Some(&web), None);
+        proxier.on_endpoint_slice_update(&web_slice, true);
+        now += Duration::from_secs(1);
+        let report = match proxier.sync(now) {
+            SyncOutcome::Synced(report) => report,
+            SyncOutcome::NotInitialized => panic!("initialized"),
+        };
+        let err = report.result.as_ref().expect_err("the kernel refuses to delete a referenced chain");
+        let message = err.to_string();
+        let marked = message.lines().find(|l| l.starts_with('>')).unwrap_or_else(|| panic!("{backend}: {message}"));
+        assert!(marked.contains(&format!("-X {web_svc}")), "{backend}: failing line marked: {message}");
+        assert_eq!(report.retry_after, Some(Duration::from_secs(30)), "{backend}");
+
+        // Once the reference is gone the retry, a full sync, succeeds and cleans up.
+        ns.ok(&[&iptables, "-t", "nat", "-F", "FOREIGN"]);
+        now += Duration::from_secs(30);
+        let report = sync(&mut proxier, now);
+        assert!(report.full, "{backend}: the sync after a failure is full");
+        assert!(!chain_rules(ipt.as_ref(), Table::Nat).contains_key(&web_svc), "{backend}: {web_svc} deleted");
     }
 }

@@ -8,6 +8,7 @@ pub mod chain_tracker;
 pub mod dump;
 pub mod fake;
 pub mod lock;
+pub mod monitor;
 pub mod runner;
 pub mod save;
 

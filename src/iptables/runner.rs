@@ -234,6 +234,24 @@ impl Invoker {
     }
 }
 
+/// Messages iptables 1.8 prints when a chain, target or match does not exist (exit 1 or 2
+/// depending on the backend and the operation).
+const NOT_FOUND_MESSAGES: &[&str] = &[
+    "No chain/target/match by that name",
+    "No such file or directory",
+    "does a matching rule exist",
+    "does not exist",
+];
+
+/// Whether `err` is iptables saying a chain, rule, target or match does not exist (upstream's
+/// `IsNotFoundError`), as opposed to failing for another reason.
+pub fn is_not_found(err: &IptablesError) -> bool {
+    match err {
+        IptablesError::Failed { output, .. } => NOT_FOUND_MESSAGES.iter().any(|m| output.contains(m)),
+        _ => false,
+    }
+}
+
 /// `Ok(true)` for exit 0, `Ok(false)` for exit 1 (iptables' "no such thing" / "already
 /// exists"), an error otherwise.
 fn zero_or_one(cmd: &Command, out: &Output) -> Result<bool> {
@@ -374,7 +392,12 @@ impl IptablesRunner {
     fn check_rule(&self, table: Table, chain: &str, args: &[&str]) -> Result<bool> {
         if self.has_check {
             let (cmd, out) = self.single("-C", table, chain, args)?;
-            return zero_or_one(&cmd, &out);
+            return match zero_or_one(&cmd, &out) {
+                // A rule jumping to a missing chain (or using a missing match) cannot exist;
+                // iptables says so with a usage error rather than exit 1.
+                Err(e) if is_not_found(&e) => Ok(false),
+                other => other,
+            };
         }
         let mut saved = Vec::new();
         self.save_locked(table, &mut saved)?;
@@ -460,10 +483,10 @@ fn probe_version(invoker: &Invoker, program: &str) -> Option<IptablesVersion> {
     }
 }
 
-/// Whether `iptables-save` output holds `-A chain args...`, compared the way upstream does
-/// without `-C`: words split on whitespace, quotes dropped, `0x` dropped from hex values, and
-/// the words compared as multisets (iptables-save may reorder nothing we rely on, but quoting
-/// of comments varies).
+/// Whether `iptables-save` output holds `-A chain args...`, compared roughly the way upstream
+/// does without `-C`: words split on whitespace (so a multi-word comment becomes several
+/// words), quotes and `0x` prefixes dropped (iptables-save's quoting and hex formatting differ
+/// from what callers pass), and the words compared as multisets.
 fn save_has_rule(saved: &str, chain: &str, args: &[&str]) -> bool {
     fn normalise<'a>(words: impl Iterator<Item = &'a str>) -> Vec<String> {
         let mut out: Vec<String> = words
@@ -860,12 +883,19 @@ mod tests {
             .expect(&format!("iptables -w 5 -W 100000 -C {rule}"), Output::ok(""))
             .expect(&format!("iptables -w 5 -W 100000 -D {rule}"), Output::ok(""))
             .expect(&format!("iptables -w 5 -W 100000 -C {rule}"), Output::exit(1, "Bad rule"))
-            .expect(&format!("iptables -w 5 -W 100000 -C {rule}"), Output::exit(2, "unknown option"));
+            .expect(&format!("iptables -w 5 -W 100000 -C {rule}"), Output::exit(2, "unknown option"))
+            .expect(
+                "iptables -w 5 -W 100000 -C INPUT -t filter -j KUBE-NOPE",
+                Output::exit(2, "iptables v1.8.9 (legacy): Couldn't load target `KUBE-NOPE':No such file or directory"),
+            );
         assert!(!r.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &args).expect("inserted"));
         assert!(r.ensure_rule(RulePosition::Prepend, Table::Nat, "PREROUTING", &args).expect("existed"));
         r.delete_rule(Table::Nat, "PREROUTING", &args).expect("deleted");
         r.delete_rule(Table::Nat, "PREROUTING", &args).expect("absent is fine");
-        assert!(r.ensure_rule(RulePosition::Append, Table::Nat, "PREROUTING", &args).is_err());
+        let err = r.ensure_rule(RulePosition::Append, Table::Nat, "PREROUTING", &args).expect_err("usage error");
+        assert!(!is_not_found(&err), "{err}");
+        // -C with a missing jump target: the rule is absent, nothing to delete.
+        r.delete_rule(Table::Filter, "INPUT", &["-j", "KUBE-NOPE"]).expect("absent");
         // The comment with spaces is one argument.
         assert_eq!(fake.calls()[1].argv[12], "kubernetes service portals");
         assert_eq!(fake.remaining(), 0);
