@@ -1,5 +1,7 @@
 //! The one integration-test binary (fewer link steps): one module per area.
 
 mod partial_sync;
+mod render_cli;
+mod render_restore;
 mod support;
 mod upstream_rules;

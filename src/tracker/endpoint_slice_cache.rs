@@ -158,8 +158,18 @@ impl Builder<'_> {
                 };
                 let number = match port.port {
                     Some(n) if (1..=65535).contains(&n) => n,
-                    other => {
-                        tracing::debug!(%service, port = port_name.as_str(), number = ?other, "ignoring invalid endpoint port");
+                    None | Some(0) => {
+                        tracing::debug!(%service, port = port_name.as_str(), "ignoring endpoint slice port with no number");
+                        continue;
+                    }
+                    Some(other) => {
+                        tracing::warn!(
+                            %service,
+                            slice = slice.metadata.name.as_deref().unwrap_or(""),
+                            port = port_name.as_str(),
+                            number = other,
+                            "ignoring endpoint slice port outside 1-65535"
+                        );
                         continue;
                     }
                 };
