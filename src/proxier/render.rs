@@ -100,12 +100,14 @@ pub struct RenderStats {
     pub services: usize,
     pub endpoints: usize,
     pub large_cluster_mode: bool,
-    /// Rule lines in the restore input, per table.
+    /// Rule lines in the restore input, per table (`-X` lines count as nat rules, as
+    /// upstream's line buffer counts them).
     pub filter_rules: usize,
     pub nat_rules: usize,
     pub filter_chains: usize,
     pub nat_chains: usize,
-    /// nat rules that exist after this sync, including those of services not rewritten.
+    /// nat rules that exist after this sync, including those of chains not rewritten
+    /// (upstream's `sync_proxy_rules_iptables_total{table="nat"}`).
     pub nat_rules_total: usize,
     /// filter rules that exist after this sync.
     pub filter_rules_total: usize,
@@ -717,6 +719,7 @@ impl<'a> Renderer<'a> {
 
         // *filter
         out.push_str("*filter\n");
+        stats.filter_rules_total = filter.iter().map(|(_, _, body)| count_lines(body)).sum();
         let filter: Vec<_> = filter.into_iter().filter(|(k, _, body)| !unchanged(k, body)).collect();
         for (_, chain, _) in &filter {
             push_chain_line(&mut out, chain);
@@ -738,8 +741,10 @@ impl<'a> Renderer<'a> {
         }
         let mut nat: Vec<(u128, &str, Body)> = Vec::with_capacity(self.spans.len() + self.stale.len() + 4);
         let mut firsts: Vec<(u128, &str, Body)> = Vec::new();
+        let mut omitted_nat_rules = 0;
         for (key, chain, body) in nat_top {
             if unchanged(key, &body) {
+                omitted_nat_rules += count_lines(&body);
                 continue;
             }
             if chain == chains::KUBE_NODEPORTS || chain == chains::KUBE_SERVICES {
@@ -792,8 +797,7 @@ impl<'a> Renderer<'a> {
         }
 
         stats.nat_rules = nat_rules;
-        stats.nat_rules_total = nat_rules + self.skipped_nat_rules - stats.deleted_chains;
-        stats.filter_rules_total = stats.filter_rules;
+        stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - stats.deleted_chains;
         Rendered { payload: out, full, stats, top_level, service_rules: self.service_rules }
     }
 }
