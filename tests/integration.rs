@@ -1,5 +1,6 @@
 //! The one integration-test binary (fewer link steps): one module per area.
 
+mod golden;
 mod partial_sync;
 mod render_cli;
 mod render_restore;
