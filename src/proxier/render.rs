@@ -256,7 +256,15 @@ impl<'a> Renderer<'a> {
 
     fn run(&mut self) {
         let mut services: Vec<&'a ServicePortRef> = self.input.services.values().collect();
-        services.sort_unstable_by(|a, b| a.name_string.cmp(&b.name_string).then_with(|| a.protocol.cmp(&b.protocol)));
+        // Upstream's normal form orders KUBE-SERVICES and KUBE-NODEPORTS rules by the
+        // service's `ns/name` string (the comment up to the first ' ' or ':'), keeping a
+        // service's ports in the order written; so: by `ns/name`, then by port name.
+        services.sort_unstable_by(|a, b| {
+            service_part(&a.name_string)
+                .cmp(service_part(&b.name_string))
+                .then_with(|| a.name.port.cmp(&b.name.port))
+                .then_with(|| a.protocol.cmp(&b.protocol))
+        });
         for svc in services {
             self.service(svc);
         }
@@ -800,6 +808,11 @@ impl<'a> Renderer<'a> {
         stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - stats.deleted_chains;
         Rendered { payload: out, full, stats, top_level, service_rules: self.service_rules }
     }
+}
+
+/// `ns/name` of an `ns/name:port` string.
+fn service_part(name_string: &str) -> &str {
+    name_string.split_once(':').map_or(name_string, |(svc, _)| svc)
 }
 
 fn push_chain_line(out: &mut String, chain: &str) {
