@@ -13,10 +13,15 @@
 
 pub mod cli;
 pub mod config;
+pub mod health;
+pub mod healthcheck;
+pub mod http;
 pub mod iptables;
 pub mod manifest;
+pub mod metrics;
 pub mod model;
 pub mod proxier;
 pub mod render_cmd;
 pub mod synthetic;
+pub mod sysctl;
 pub mod tracker;
