@@ -1,6 +1,9 @@
 //! The one integration-test binary (fewer link steps): one module per area.
 
+mod golden;
 mod iptables_real;
 mod partial_sync;
+mod render_cli;
+mod render_restore;
 mod support;
 mod upstream_rules;

@@ -416,3 +416,32 @@ fn crossing_the_large_cluster_threshold_rewrites_everything() {
     reference.sync();
     assert_eq!(fp.ipt.save_all(), reference.ipt.save_all());
 }
+
+/// The rule totals reported for metrics count what is in the kernel, whether or not a
+/// partial sync rewrote it.
+#[test]
+fn rule_totals_count_chains_not_rewritten() {
+    let count = |fp: &TestProxier, table: Table| -> usize {
+        fp.ipt
+            .chains(table)
+            .iter()
+            .filter(|c| c.starts_with("KUBE-") && *c != "KUBE-PROXY-CANARY")
+            .map(|c| fp.ipt.rules(table, c).map_or(0, |r| r.len()))
+            .sum()
+    };
+    let mut fp = TestProxier::new(IpFamily::V4);
+    let a = svc("ns1", "a").cluster_ip("172.30.0.1").tcp("p80", 80).build();
+    let b = svc("ns1", "b").cluster_ip("172.30.0.2").tcp("p80", 80).build();
+    fp.add_services(&[a, b]);
+    fp.add_slices(&[slice("ns1", "a", "a-1").tcp("p80", 80).ips(&["10.1.0.1", "10.1.0.2"]).build()]);
+    let full = fp.sync();
+    assert_eq!(full.stats.nat_rules_total, count(&fp, Table::Nat));
+    assert_eq!(full.stats.filter_rules_total, count(&fp, Table::Filter));
+
+    fp.add_slices(&[slice("ns1", "a", "a-1").tcp("p80", 80).ips(&["10.1.0.1", "10.1.0.3", "10.1.0.4"]).build()]);
+    let partial = fp.sync();
+    assert!(!partial.full);
+    assert!(partial.stats.nat_rules < partial.stats.nat_rules_total);
+    assert_eq!(partial.stats.nat_rules_total, count(&fp, Table::Nat));
+    assert_eq!(partial.stats.filter_rules_total, count(&fp, Table::Filter));
+}

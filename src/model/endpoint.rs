@@ -17,9 +17,8 @@ pub struct EndpointInfo {
     /// `ip:port` (`[ip]:port` for IPv6) with the address as written in the EndpointSlice:
     /// the DNAT target and the hash input of the chain name.
     pub endpoint: String,
-    /// The IP alone in canonical form (upstream `IP()`), as written after `-s` in the
-    /// hairpin rule. Differs from the address in `endpoint` only when the slice spells the
-    /// address non-canonically.
+    /// The IP alone, as written in the EndpointSlice (upstream 1.29's `IP()`), written after
+    /// `-s` in the hairpin rule: always spelled like the address in `endpoint`.
     pub ip: String,
     pub port: i32,
     /// The endpoint's nodeName equals this node's name.
@@ -37,8 +36,8 @@ pub struct EndpointInfo {
 
 impl EndpointInfo {
     /// An endpoint of `service_port` at `ip` and `port`, with `endpoint` and `chain_name`
-    /// derived from them (`ip` is taken as the text to write; the caller canonicalises
-    /// `self.ip` if it may not be canonical). Conditions start as a plain ready remote
+    /// derived from them (`ip` is taken as the text to write). Conditions start as a plain
+    /// ready remote
     /// endpoint (ready, serving, not terminating, not local, no hints); set the public
     /// fields to change that, but not `endpoint`/`port` (the chain name would be stale).
     pub fn new(service_port: &ServicePortName, ip: &str, port: i32) -> EndpointInfo {

@@ -100,12 +100,14 @@ pub struct RenderStats {
     pub services: usize,
     pub endpoints: usize,
     pub large_cluster_mode: bool,
-    /// Rule lines in the restore input, per table.
+    /// Rule lines in the restore input, per table (`-X` lines count as nat rules, as
+    /// upstream's line buffer counts them).
     pub filter_rules: usize,
     pub nat_rules: usize,
     pub filter_chains: usize,
     pub nat_chains: usize,
-    /// nat rules that exist after this sync, including those of services not rewritten.
+    /// nat rules that exist after this sync, including those of chains not rewritten
+    /// (upstream's `sync_proxy_rules_iptables_total{table="nat"}`).
     pub nat_rules_total: usize,
     /// filter rules that exist after this sync.
     pub filter_rules_total: usize,
@@ -254,7 +256,15 @@ impl<'a> Renderer<'a> {
 
     fn run(&mut self) {
         let mut services: Vec<&'a ServicePortRef> = self.input.services.values().collect();
-        services.sort_unstable_by(|a, b| a.name_string.cmp(&b.name_string).then_with(|| a.protocol.cmp(&b.protocol)));
+        // Upstream's normal form orders KUBE-SERVICES and KUBE-NODEPORTS rules by the
+        // service's `ns/name` string (the comment up to the first ' ' or ':'), keeping a
+        // service's ports in the order written; so: by `ns/name`, then by port name.
+        services.sort_unstable_by(|a, b| {
+            service_part(&a.name_string)
+                .cmp(service_part(&b.name_string))
+                .then_with(|| a.name.port.cmp(&b.name.port))
+                .then_with(|| a.protocol.cmp(&b.protocol))
+        });
         for svc in services {
             self.service(svc);
         }
@@ -717,6 +727,7 @@ impl<'a> Renderer<'a> {
 
         // *filter
         out.push_str("*filter\n");
+        stats.filter_rules_total = filter.iter().map(|(_, _, body)| count_lines(body)).sum();
         let filter: Vec<_> = filter.into_iter().filter(|(k, _, body)| !unchanged(k, body)).collect();
         for (_, chain, _) in &filter {
             push_chain_line(&mut out, chain);
@@ -738,8 +749,10 @@ impl<'a> Renderer<'a> {
         }
         let mut nat: Vec<(u128, &str, Body)> = Vec::with_capacity(self.spans.len() + self.stale.len() + 4);
         let mut firsts: Vec<(u128, &str, Body)> = Vec::new();
+        let mut omitted_nat_rules = 0;
         for (key, chain, body) in nat_top {
             if unchanged(key, &body) {
+                omitted_nat_rules += count_lines(&body);
                 continue;
             }
             if chain == chains::KUBE_NODEPORTS || chain == chains::KUBE_SERVICES {
@@ -792,10 +805,14 @@ impl<'a> Renderer<'a> {
         }
 
         stats.nat_rules = nat_rules;
-        stats.nat_rules_total = nat_rules + self.skipped_nat_rules - stats.deleted_chains;
-        stats.filter_rules_total = stats.filter_rules;
+        stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - stats.deleted_chains;
         Rendered { payload: out, full, stats, top_level, service_rules: self.service_rules }
     }
+}
+
+/// `ns/name` of an `ns/name:port` string.
+fn service_part(name_string: &str) -> &str {
+    name_string.split_once(':').map_or(name_string, |(svc, _)| svc)
 }
 
 fn push_chain_line(out: &mut String, chain: &str) {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::endpoints::EndpointsMap;
-use crate::model::ip::{format_ip, parse_ip_sloppy};
+use crate::model::ip::parse_ip_sloppy;
 use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, Protocol, ServicePortName};
 
 /// The label naming the Service an EndpointSlice belongs to.
@@ -158,8 +158,18 @@ impl Builder<'_> {
                 };
                 let number = match port.port {
                     Some(n) if (1..=65535).contains(&n) => n,
-                    other => {
-                        tracing::debug!(%service, port = port_name.as_str(), number = ?other, "ignoring invalid endpoint port");
+                    None | Some(0) => {
+                        tracing::debug!(%service, port = port_name.as_str(), "ignoring endpoint slice port with no number");
+                        continue;
+                    }
+                    Some(other) => {
+                        tracing::warn!(
+                            %service,
+                            slice = slice.metadata.name.as_deref().unwrap_or(""),
+                            port = port_name.as_str(),
+                            number = other,
+                            "ignoring endpoint slice port outside 1-65535"
+                        );
                         continue;
                     }
                 };
@@ -202,8 +212,8 @@ impl Builder<'_> {
                 tracing::debug!(slice = slice_name, "ignoring endpoint with no address");
                 continue;
             };
-            let ip = match parse_ip_sloppy(address) {
-                Some(ip) if IpFamily::of(&ip) == self.family => ip,
+            match parse_ip_sloppy(address) {
+                Some(ip) if IpFamily::of(&ip) == self.family => {}
                 _ => {
                     tracing::warn!(
                         slice = slice_name,
@@ -213,13 +223,13 @@ impl Builder<'_> {
                     );
                     continue;
                 }
-            };
+            }
             let is_local = !self.node_name.is_empty() && ep.node_name.as_deref() == Some(self.node_name);
             let conditions = ep.conditions.as_ref();
-            // 1.29 builds the endpoint string from the address as written, while its IP()
-            // (used for hairpin rules and health-check counts) is the parsed, canonical form.
+            // 1.29 writes the address as it appears in the slice, both in the endpoint
+            // string (DNAT target, chain hash) and in IP() (hairpin rule); it is only
+            // validated here.
             let mut info = EndpointInfo::new(service_port, address, port);
-            info.ip = format_ip(&ip);
             info.is_local = is_local;
             // Absent ready/serving mean true, absent terminating means false.
             info.ready = conditions.and_then(|c| c.ready).unwrap_or(true);
@@ -366,13 +376,14 @@ mod tests {
     }
 
     #[test]
-    fn address_text_is_kept_but_ip_is_canonical() {
+    fn address_text_is_kept_as_written() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V6);
         let s = slice("ns1", "svc1", "s").address_type("IPv6").port("p", 80, "TCP").endpoint(ep("FD00:0::1")).build();
         let map = apply(&mut cache, &[(s, false)]);
         let e = &map[&spn("p", Protocol::Tcp)][0];
         assert_eq!(e.endpoint, "[FD00:0::1]:80");
-        assert_eq!(e.ip, "fd00::1");
+        // 1.29's IP() is the address as written too, so hairpin and DNAT rules agree.
+        assert_eq!(e.ip, "FD00:0::1");
     }
 
     #[test]

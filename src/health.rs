@@ -1,0 +1,654 @@
+//! The proxier's own health (upstream `ProxierHealthServer`) and the two node-level HTTP
+//! servers: the health server on `healthzBindAddress` (`/healthz`, `/livez`) and the metrics
+//! server on `metricsBindAddress` (`/metrics`, `/healthz`, `/proxyMode`, `/configz`).
+//!
+//! [`ProxierHealth`] is the pure state machine: it is told when an update was queued and when
+//! rules were written, per IP family, and given `now` to decide. The proxier is healthy while
+//! every family that has synced at least once has applied its oldest queued update within the
+//! health timeout (upstream uses 2 × `iptables.syncPeriod`). `/healthz` additionally reports
+//! the node ineligible (503) while the Node is being deleted or carries the cluster
+//! autoscaler's `ToBeDeletedByClusterAutoscaler` taint, so load balancers drain it first.
+//! [`ProxierHealthServer`] wraps the state with a [`Clock`] for the HTTP handlers and the
+//! per-service health checks ([`ProxyHealthCheck`]). This module never touches iptables and
+//! never decides when to sync.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Node;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::http::{self, Body, respond};
+use crate::metrics::{self, Metrics};
+use crate::model::IpFamily;
+
+/// Taint the cluster autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// What `/proxyMode` answers.
+pub const PROXY_MODE: &str = "iptables";
+
+/// The key `/configz` files the configuration under (the API group of
+/// KubeProxyConfiguration).
+pub const CONFIGZ_KEY: &str = "kubeproxy.config.k8s.io";
+
+const JSON: &str = "application/json";
+const TEXT: &str = "text/plain; charset=utf-8";
+
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    #[error("failed to encode the configuration for /configz: {0}")]
+    Configz(#[source] serde_json::Error),
+}
+
+/// Where "now" comes from; injected so tests control time.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> SystemTime;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock that moves only when told to.
+#[derive(Debug)]
+pub struct FakeClock {
+    now: Mutex<SystemTime>,
+}
+
+impl FakeClock {
+    pub fn new(now: SystemTime) -> Self {
+        FakeClock { now: Mutex::new(now) }
+    }
+
+    pub fn set(&self, now: SystemTime) {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner) = now;
+    }
+
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
+        *now += by;
+    }
+}
+
+impl Clock for FakeClock {
+    fn now(&self) -> SystemTime {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Whether the proxy is programming rules in time (node eligibility aside); what the
+/// per-service health checks report as `serviceProxyHealthy`.
+pub trait ProxyHealthCheck: Send + Sync {
+    fn is_healthy(&self) -> bool;
+}
+
+/// The proxy's health at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    pub healthy: bool,
+    /// The latest successful sync of any family when healthy; when unhealthy, the last
+    /// successful sync of the family that is late. `None` before any sync.
+    pub last_updated: Option<SystemTime>,
+}
+
+/// One probe answer: status and the exact JSON body upstream writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeResponse {
+    pub healthy: bool,
+    pub body: String,
+}
+
+impl ProbeResponse {
+    pub fn status(&self) -> StatusCode {
+        if self.healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+    }
+}
+
+/// The proxier health state machine (pure: every decision takes `now`).
+#[derive(Debug, Clone)]
+pub struct ProxierHealth {
+    health_timeout: Duration,
+    last_updated: BTreeMap<IpFamily, SystemTime>,
+    /// Per family, when the oldest update not yet applied was queued.
+    oldest_pending_queued: BTreeMap<IpFamily, SystemTime>,
+    node_eligible: bool,
+}
+
+impl ProxierHealth {
+    /// `health_timeout` is how late a queued update may be; kube-proxy uses 2 × syncPeriod.
+    pub fn new(health_timeout: Duration) -> Self {
+        ProxierHealth {
+            health_timeout,
+            last_updated: BTreeMap::new(),
+            oldest_pending_queued: BTreeMap::new(),
+            // Eligible while starting up, until a Node event says otherwise.
+            node_eligible: true,
+        }
+    }
+
+    pub fn health_timeout(&self) -> Duration {
+        self.health_timeout
+    }
+
+    /// The proxier of `family` received a change it has not yet written. Only the oldest
+    /// pending change counts: later calls do not move the deadline.
+    pub fn queued_update(&mut self, family: IpFamily, now: SystemTime) {
+        self.oldest_pending_queued.entry(family).or_insert(now);
+    }
+
+    /// The proxier of `family` wrote rules reflecting everything queued so far.
+    pub fn updated(&mut self, family: IpFamily, now: SystemTime) {
+        self.oldest_pending_queued.remove(&family);
+        self.last_updated.insert(family, now);
+    }
+
+    /// Records this node's eligibility for load-balancer traffic from its Node object (on
+    /// add, update and delete events alike).
+    pub fn sync_node(&mut self, node: &Node) {
+        self.node_eligible = node_eligible(node);
+    }
+
+    pub fn node_eligible(&self) -> bool {
+        self.node_eligible
+    }
+
+    /// Healthy unless a family that has synced at least once has an update queued for
+    /// `health_timeout` or longer. A family that never synced is not judged (the sync loop
+    /// marks each family updated when it starts).
+    pub fn health(&self, now: SystemTime) -> Health {
+        let mut last_updated: Option<SystemTime> = None;
+        for (family, &family_updated) in &self.last_updated {
+            last_updated = Some(last_updated.map_or(family_updated, |t| t.max(family_updated)));
+            let Some(&queued) = self.oldest_pending_queued.get(family) else {
+                continue;
+            };
+            // A clock that went backwards counts as no time passed.
+            let waiting = now.duration_since(queued).unwrap_or_default();
+            if waiting >= self.health_timeout {
+                return Health { healthy: false, last_updated: Some(family_updated) };
+            }
+        }
+        Health { healthy: true, last_updated }
+    }
+
+    pub fn is_healthy(&self, now: SystemTime) -> bool {
+        self.health(now).healthy
+    }
+
+    /// `/healthz`: healthy and the node eligible. When healthy, `lastUpdated` is `now`, as
+    /// upstream keeps for compatibility with releases where it meant "the sync loop ran".
+    pub fn healthz(&self, now: SystemTime) -> ProbeResponse {
+        let health = self.health(now);
+        let healthy = health.healthy && self.node_eligible;
+        let last_updated = if healthy { Some(now) } else { health.last_updated };
+        let body = format!(
+            r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {}}}"#,
+            go_time_string(last_updated),
+            go_time_string(Some(now)),
+            self.node_eligible
+        );
+        ProbeResponse { healthy, body }
+    }
+
+    /// `/livez`: the proxy's health alone (a node being drained is still alive).
+    pub fn livez(&self, now: SystemTime) -> ProbeResponse {
+        let health = self.health(now);
+        let last_updated = if health.healthy { Some(now) } else { health.last_updated };
+        let body = format!(
+            r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
+            go_time_string(last_updated),
+            go_time_string(Some(now))
+        );
+        ProbeResponse { healthy: health.healthy, body }
+    }
+}
+
+/// A node is eligible for load-balancer traffic unless it is being deleted or the cluster
+/// autoscaler has marked it for deletion.
+pub fn node_eligible(node: &Node) -> bool {
+    if node.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    let taints = node.spec.as_ref().and_then(|spec| spec.taints.as_deref()).unwrap_or_default();
+    !taints.iter().any(|taint| taint.key == TO_BE_DELETED_TAINT)
+}
+
+/// A time as Go's `time.Time.String()` prints it in UTC (`2006-01-02 15:04:05.999999999 -0700
+/// MST`, fraction trimmed), which is what upstream's probe bodies carry. `None` is Go's zero
+/// time. Go also appends the monotonic clock reading (`m=+1.5`); that is process-local and
+/// left out.
+pub fn go_time_string(t: Option<SystemTime>) -> String {
+    let Some(t) = t else {
+        return "0001-01-01 00:00:00 +0000 UTC".to_string();
+    };
+    let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            let secs = -i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            match d.subsec_nanos() {
+                0 => (secs, 0),
+                n => (secs - 1, 1_000_000_000 - n),
+            }
+        }
+    };
+    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
+    let second_of_day = secs.rem_euclid(86_400);
+    let mut out = format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        second_of_day / 3600,
+        second_of_day % 3600 / 60,
+        second_of_day % 60
+    );
+    if nanos != 0 {
+        out.push('.');
+        out.push_str(format!("{nanos:09}").trim_end_matches('0'));
+    }
+    out.push_str(" +0000 UTC");
+    out
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, u32::try_from(month).unwrap_or(1), u32::try_from(day).unwrap_or(1))
+}
+
+/// The proxier health shared by the sync loop (writer) and the HTTP handlers (readers).
+pub struct ProxierHealthServer {
+    /// Held only to read or update the state, never across an await.
+    state: Mutex<ProxierHealth>,
+    clock: Arc<dyn Clock>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl std::fmt::Debug for ProxierHealthServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxierHealthServer").field("state", &self.state).finish_non_exhaustive()
+    }
+}
+
+impl ProxierHealthServer {
+    /// `metrics`, when given, counts `/healthz` and `/livez` answers by status code.
+    pub fn new(health_timeout: Duration, clock: Arc<dyn Clock>, metrics: Option<Arc<Metrics>>) -> Self {
+        ProxierHealthServer { state: Mutex::new(ProxierHealth::new(health_timeout)), clock, metrics }
+    }
+
+    fn with_state<T>(&self, f: impl FnOnce(&mut ProxierHealth) -> T) -> T {
+        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// See [`ProxierHealth::queued_update`].
+    pub fn queued_update(&self, family: IpFamily) {
+        let now = self.clock.now();
+        self.with_state(|s| s.queued_update(family, now));
+    }
+
+    /// See [`ProxierHealth::updated`].
+    pub fn updated(&self, family: IpFamily) {
+        let now = self.clock.now();
+        self.with_state(|s| s.updated(family, now));
+    }
+
+    /// See [`ProxierHealth::sync_node`].
+    pub fn sync_node(&self, node: &Node) {
+        let eligible = self.with_state(|s| {
+            s.sync_node(node);
+            s.node_eligible()
+        });
+        tracing::debug!(node = node.metadata.name.as_deref().unwrap_or(""), eligible, "node eligibility");
+    }
+
+    pub fn node_eligible(&self) -> bool {
+        self.with_state(|s| s.node_eligible())
+    }
+
+    pub fn health(&self) -> Health {
+        let now = self.clock.now();
+        self.with_state(|s| s.health(now))
+    }
+
+    /// Answers `/healthz` (and counts it).
+    pub fn healthz(&self) -> ProbeResponse {
+        let now = self.clock.now();
+        let resp = self.with_state(|s| s.healthz(now));
+        if let Some(m) = &self.metrics {
+            m.healthz_answered(resp.status().as_u16());
+        }
+        resp
+    }
+
+    /// Answers `/livez` (and counts it).
+    pub fn livez(&self) -> ProbeResponse {
+        let now = self.clock.now();
+        let resp = self.with_state(|s| s.livez(now));
+        if let Some(m) = &self.metrics {
+            m.livez_answered(resp.status().as_u16());
+        }
+        resp
+    }
+
+    fn handle(&self, req: &Request<Incoming>) -> Response<Body> {
+        let probe = match req.uri().path() {
+            "/healthz" => self.healthz(),
+            "/livez" => self.livez(),
+            _ => return http::not_found(),
+        };
+        respond(probe.status(), JSON, probe.body)
+    }
+
+    /// Serves `/healthz` and `/livez` on `listener` until `cancel` fires.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(address = %addr, "starting healthz HTTP server");
+        }
+        let handler = Arc::new(move |req: &Request<Incoming>| self.handle(req));
+        http::serve(listener, handler, cancel).await;
+    }
+}
+
+impl ProxyHealthCheck for ProxierHealthServer {
+    fn is_healthy(&self) -> bool {
+        self.health().healthy
+    }
+}
+
+/// The metrics server: `/metrics`, `/healthz` (always `ok` while the process serves),
+/// `/proxyMode` and `/configz`.
+#[derive(Debug)]
+pub struct MetricsServer {
+    metrics: Arc<Metrics>,
+    /// `/configz` body, rendered once.
+    configz: String,
+}
+
+impl MetricsServer {
+    /// `config` is what `/configz` shows (the effective KubeProxyConfiguration).
+    pub fn new(metrics: Arc<Metrics>, config: &serde_json::Value) -> Result<Self, HealthError> {
+        let mut doc = serde_json::Map::new();
+        doc.insert(CONFIGZ_KEY.to_string(), config.clone());
+        let configz = serde_json::to_string(&doc).map_err(HealthError::Configz)?;
+        Ok(MetricsServer { metrics, configz })
+    }
+
+    fn handle(&self, req: &Request<Incoming>) -> Response<Body> {
+        match req.uri().path() {
+            "/metrics" => match self.metrics.encode_text() {
+                Ok(text) => respond(StatusCode::OK, metrics::TEXT_CONTENT_TYPE, text),
+                Err(e) => {
+                    tracing::error!(error = %e, "failed to render /metrics");
+                    respond(StatusCode::INTERNAL_SERVER_ERROR, TEXT, format!("{e}\n"))
+                }
+            },
+            "/healthz" => {
+                let verbose =
+                    req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv.split('=').next() == Some("verbose")));
+                let body = if verbose { "[+]ping ok\nhealthz check passed\n" } else { "ok" };
+                respond(StatusCode::OK, TEXT, body)
+            }
+            "/healthz/ping" => respond(StatusCode::OK, TEXT, "ok"),
+            "/proxyMode" => respond(StatusCode::OK, TEXT, PROXY_MODE),
+            "/configz" => respond(StatusCode::OK, JSON, self.configz.clone()),
+            _ => http::not_found(),
+        }
+    }
+
+    /// Serves until `cancel` fires.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(address = %addr, "starting metrics HTTP server");
+        }
+        let handler = Arc::new(move |req: &Request<Incoming>| self.handle(req));
+        http::serve(listener, handler, cancel).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use k8s_openapi::api::core::v1::{NodeSpec, Taint};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::http::test_client::get;
+
+    const TIMEOUT: Duration = Duration::from_secs(60);
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn node(deleting: bool, taints: &[&str]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("node-a".into()),
+                deletion_timestamp: deleting.then_some(Time(Timestamp::UNIX_EPOCH)),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(
+                    taints
+                        .iter()
+                        .map(|k| Taint { key: k.to_string(), effect: "NoSchedule".into(), ..Taint::default() })
+                        .collect(),
+                ),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn go_time_format() {
+        assert_eq!(go_time_string(None), "0001-01-01 00:00:00 +0000 UTC");
+        assert_eq!(go_time_string(Some(UNIX_EPOCH)), "1970-01-01 00:00:00 +0000 UTC");
+        assert_eq!(go_time_string(Some(at(1_700_000_000))), "2023-11-14 22:13:20 +0000 UTC");
+        let t = at(951_825_600) + Duration::from_nanos(120_000_000); // 2000-02-29 12:00:00.12
+        assert_eq!(go_time_string(Some(t)), "2000-02-29 12:00:00.12 +0000 UTC");
+        assert_eq!(go_time_string(Some(at(0) + Duration::from_nanos(1))), "1970-01-01 00:00:00.000000001 +0000 UTC");
+        let before = UNIX_EPOCH - Duration::from_millis(500);
+        assert_eq!(go_time_string(Some(before)), "1969-12-31 23:59:59.5 +0000 UTC");
+    }
+
+    #[test]
+    fn healthy_until_a_queued_update_is_late() {
+        let mut h = ProxierHealth::new(TIMEOUT);
+        // Nothing synced yet: healthy, and queued updates of a family that never synced are
+        // not judged.
+        assert_eq!(h.health(at(100)), Health { healthy: true, last_updated: None });
+        h.queued_update(IpFamily::V4, at(100));
+        assert!(h.is_healthy(at(1_000)));
+
+        h.updated(IpFamily::V4, at(1_000));
+        h.queued_update(IpFamily::V4, at(1_010));
+        // A later queue does not move the deadline.
+        h.queued_update(IpFamily::V4, at(1_060));
+        assert!(h.is_healthy(at(1_069)));
+        assert_eq!(h.health(at(1_070)), Health { healthy: false, last_updated: Some(at(1_000)) });
+
+        h.updated(IpFamily::V4, at(1_080));
+        assert_eq!(h.health(at(5_000)), Health { healthy: true, last_updated: Some(at(1_080)) });
+        // A clock that went backwards is not "late".
+        h.queued_update(IpFamily::V4, at(6_000));
+        assert!(h.is_healthy(at(10)));
+    }
+
+    #[test]
+    fn every_family_must_keep_up() {
+        let mut h = ProxierHealth::new(TIMEOUT);
+        h.updated(IpFamily::V4, at(100));
+        h.updated(IpFamily::V6, at(50));
+        assert_eq!(h.health(at(200)).last_updated, Some(at(100)));
+        h.queued_update(IpFamily::V6, at(60));
+        h.queued_update(IpFamily::V4, at(150));
+        h.updated(IpFamily::V4, at(160));
+        // IPv4 is current, IPv6 is late: unhealthy, reporting IPv6's last sync.
+        assert_eq!(h.health(at(200)), Health { healthy: false, last_updated: Some(at(50)) });
+    }
+
+    #[test]
+    fn probe_bodies() {
+        let mut h = ProxierHealth::new(TIMEOUT);
+        h.updated(IpFamily::V4, at(1_700_000_000));
+        let now = at(1_700_000_030);
+        let ok = h.healthz(now);
+        assert!(ok.healthy);
+        assert_eq!(
+            ok.body,
+            r#"{"lastUpdated": "2023-11-14 22:13:50 +0000 UTC","currentTime": "2023-11-14 22:13:50 +0000 UTC", "nodeEligible": true}"#
+        );
+        h.queued_update(IpFamily::V4, at(1_700_000_000));
+        let late = at(1_700_000_100);
+        let bad = h.livez(late);
+        assert_eq!(bad.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            bad.body,
+            r#"{"lastUpdated": "2023-11-14 22:13:20 +0000 UTC","currentTime": "2023-11-14 22:15:00 +0000 UTC"}"#
+        );
+    }
+
+    #[test]
+    fn node_eligibility() {
+        assert!(node_eligible(&node(false, &[])));
+        assert!(node_eligible(&node(false, &["node.kubernetes.io/unschedulable"])));
+        assert!(!node_eligible(&node(false, &["node.kubernetes.io/unschedulable", TO_BE_DELETED_TAINT])));
+        assert!(!node_eligible(&node(true, &[])));
+        assert!(node_eligible(&Node::default()));
+
+        let mut h = ProxierHealth::new(TIMEOUT);
+        h.updated(IpFamily::V4, at(10));
+        h.sync_node(&node(false, &[TO_BE_DELETED_TAINT]));
+        let resp = h.healthz(at(20));
+        assert!(!resp.healthy, "an ineligible node fails /healthz");
+        assert!(resp.body.ends_with(r#""nodeEligible": false}"#), "{}", resp.body);
+        // Its lastUpdated is the real one, since the answer is not healthy.
+        assert!(resp.body.starts_with(r#"{"lastUpdated": "1970-01-01 00:00:10 +0000 UTC""#), "{}", resp.body);
+        assert!(h.livez(at(20)).healthy, "an ineligible node is still alive");
+        h.sync_node(&node(false, &[]));
+        assert!(h.healthz(at(20)).healthy);
+    }
+
+    async fn start_health(
+        clock: Arc<FakeClock>,
+        metrics: Arc<Metrics>,
+    ) -> (Arc<ProxierHealthServer>, SocketAddr, CancellationToken) {
+        let server = Arc::new(ProxierHealthServer::new(TIMEOUT, clock, Some(metrics)));
+        let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        tokio::spawn(server.clone().serve(listener, cancel.clone()));
+        (server, addr, cancel)
+    }
+
+    #[tokio::test]
+    async fn health_server_follows_state() {
+        let clock = Arc::new(FakeClock::new(at(1_700_000_000)));
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let (health, addr, cancel) = start_health(clock.clone(), metrics.clone()).await;
+
+        health.updated(IpFamily::V4);
+        let resp = get(addr, "/healthz").await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.header("content-type"), Some("application/json"));
+        assert_eq!(resp.header("x-content-type-options"), Some("nosniff"));
+        let body = resp.json();
+        assert_eq!(body["lastUpdated"], "2023-11-14 22:13:20 +0000 UTC");
+        assert_eq!(body["currentTime"], "2023-11-14 22:13:20 +0000 UTC");
+        assert_eq!(body["nodeEligible"], true);
+
+        // A change is queued and not applied for 2 × syncPeriod: stale.
+        health.queued_update(IpFamily::V4);
+        clock.advance(TIMEOUT);
+        let resp = get(addr, "/healthz").await;
+        assert_eq!(resp.status, 503);
+        let body = resp.json();
+        assert_eq!(body["lastUpdated"], "2023-11-14 22:13:20 +0000 UTC");
+        assert_eq!(body["currentTime"], "2023-11-14 22:14:20 +0000 UTC");
+        let resp = get(addr, "/livez").await;
+        assert_eq!(resp.status, 503);
+        assert!(resp.json().get("nodeEligible").is_none());
+
+        // The sync catches up.
+        health.updated(IpFamily::V4);
+        assert_eq!(get(addr, "/healthz").await.status, 200);
+        assert_eq!(get(addr, "/livez").await.status, 200);
+
+        // The autoscaler marks the node: /healthz fails, /livez does not.
+        health.sync_node(&node(false, &[TO_BE_DELETED_TAINT]));
+        let resp = get(addr, "/healthz").await;
+        assert_eq!(resp.status, 503);
+        assert_eq!(resp.json()["nodeEligible"], false);
+        assert_eq!(get(addr, "/livez").await.status, 200);
+        health.sync_node(&node(true, &[]));
+        assert_eq!(get(addr, "/healthz").await.status, 503);
+
+        assert_eq!(get(addr, "/metrics").await.status, 404);
+        assert_eq!(get(addr, "/healthz/").await.status, 404);
+
+        let text = metrics.encode_text().unwrap();
+        assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 2"), "{text}");
+        assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 3"), "{text}");
+        assert!(text.contains("kubeproxy_proxy_livez_total{code=\"200\"} 2"), "{text}");
+        assert!(text.contains("kubeproxy_proxy_livez_total{code=\"503\"} 1"), "{text}");
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn metrics_server_endpoints() {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        metrics.service_update_observed(3);
+        let config = serde_json::json!({"mode": "iptables", "iptables": {"syncPeriod": "30s"}});
+        let server = Arc::new(MetricsServer::new(metrics, &config).unwrap());
+        let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(server.serve(listener, cancel.clone()));
+
+        let resp = get(addr, "/metrics").await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.header("content-type"), Some(metrics::TEXT_CONTENT_TYPE));
+        assert!(resp.body.contains("# TYPE kubeproxy_sync_proxy_rules_service_changes_total counter"));
+        assert!(resp.body.contains("kubeproxy_sync_proxy_rules_service_changes_pending 3"));
+
+        let resp = get(addr, "/proxyMode").await;
+        assert_eq!((resp.status, resp.body.as_str()), (200, "iptables"));
+        assert_eq!(resp.header("content-type"), Some("text/plain; charset=utf-8"));
+
+        let resp = get(addr, "/healthz").await;
+        assert_eq!((resp.status, resp.body.as_str()), (200, "ok"));
+        let resp = get(addr, "/healthz?verbose").await;
+        assert_eq!(resp.body, "[+]ping ok\nhealthz check passed\n");
+
+        let resp = get(addr, "/configz").await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.header("content-type"), Some("application/json"));
+        assert_eq!(resp.json(), serde_json::json!({ CONFIGZ_KEY: config }));
+
+        let resp = get(addr, "/nope").await;
+        assert_eq!((resp.status, resp.body.as_str()), (404, "404 page not found\n"));
+
+        cancel.cancel();
+        task.await.unwrap();
+    }
+}

@@ -1,0 +1,631 @@
+//! Prometheus metrics: the collectors upstream kube-proxy 1.29 exports in iptables mode, with
+//! its exact names, types, label names, help text and histogram buckets.
+//!
+//! One [`Metrics`] value holds every collector, registered once in its own [`Registry`]; the
+//! proxier, the change handlers and the health server write to it through typed methods, and the
+//! metrics server reads it with [`Metrics::encode_text`]. Nothing here does I/O or reads a clock:
+//! callers pass `now` and measured durations in.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::iptables::Table;
+use crate::proxier::{SyncError, SyncReport};
+
+/// Upstream's `kubeProxySubsystem`: every metric name starts with `kubeproxy_`.
+pub const SUBSYSTEM: &str = "kubeproxy";
+
+/// `Content-Type` of the text exposition format.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("failed to create metric {name}: {source}")]
+    Create { name: &'static str, source: prometheus::Error },
+    #[error("failed to register metric {name}: {source}")]
+    Register { name: &'static str, source: prometheus::Error },
+    #[error("failed to encode metrics: {0}")]
+    Encode(prometheus::Error),
+}
+
+pub type Result<T, E = MetricsError> = std::result::Result<T, E>;
+
+/// Every kube-proxy collector (upstream `pkg/proxy/metrics`, release 1.29).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// `sync_proxy_rules_duration_seconds`: every sync, full or partial.
+    pub sync_proxy_rules_duration: Histogram,
+    pub sync_full_proxy_rules_duration: Histogram,
+    pub sync_partial_proxy_rules_duration: Histogram,
+    /// Unix time of the last successful sync.
+    pub sync_proxy_rules_last_timestamp: Gauge,
+    /// Unix time a sync was last asked for.
+    pub sync_proxy_rules_last_queued_timestamp: Gauge,
+    /// From an EndpointSlice's trigger time to its rules being in place.
+    pub network_programming_duration: Histogram,
+    pub endpoint_changes_pending: IntGauge,
+    pub endpoint_changes_total: IntCounter,
+    pub service_changes_pending: IntGauge,
+    pub service_changes_total: IntCounter,
+    pub iptables_restore_failures_total: IntCounter,
+    pub iptables_partial_restore_failures_total: IntCounter,
+    /// Rules kube-proxy owns, per table (`table` label).
+    pub iptables_rules_total: IntGaugeVec,
+    /// Rules written by the last sync, per table (`table` label).
+    pub iptables_rules_last_sync: IntGaugeVec,
+    /// Services with a Local policy and no local endpoint (`traffic_policy` label:
+    /// `internal` / `external`).
+    pub no_local_endpoints_total: IntGaugeVec,
+    /// Answers of `/healthz`, by status code (`code` label).
+    pub proxy_healthz_total: IntCounterVec,
+    /// Answers of `/livez`, by status code (`code` label).
+    pub proxy_livez_total: IntCounterVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Help text as component-base renders it for ALPHA metrics.
+fn alpha(help: &str) -> String {
+    format!("[ALPHA] {help}")
+}
+
+/// Go's `prometheus.ExponentialBuckets`.
+fn exponential_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
+    std::iter::successors(Some(start), |b| Some(b * factor)).take(count).collect()
+}
+
+/// Go's `prometheus.LinearBuckets`.
+fn linear_buckets(start: f64, width: f64, count: usize) -> Vec<f64> {
+    std::iter::successors(Some(start), |b| Some(b + width)).take(count).collect()
+}
+
+/// Buckets of `sync_*proxy_rules_duration_seconds`: 1ms doubling to ~16s.
+pub fn sync_duration_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, 2.0, 15)
+}
+
+/// Buckets of `network_programming_duration_seconds`. component-base's `MergeBuckets` starts
+/// from a zero-filled one-element slice, so the first bucket is `0`.
+pub fn network_programming_buckets() -> Vec<f64> {
+    let mut buckets = vec![0.0];
+    buckets.extend(linear_buckets(0.25, 0.25, 2));
+    buckets.extend(linear_buckets(1.0, 1.0, 59));
+    buckets.extend(linear_buckets(60.0, 5.0, 12));
+    buckets.extend(linear_buckets(120.0, 30.0, 7));
+    buckets
+}
+
+struct Builder {
+    registry: Registry,
+}
+
+impl Builder {
+    fn register<C: prometheus::core::Collector + Clone + 'static>(&self, name: &'static str, c: C) -> Result<C> {
+        self.registry.register(Box::new(c.clone())).map_err(|source| MetricsError::Register { name, source })?;
+        Ok(c)
+    }
+
+    fn opts(name: &'static str, help: &str) -> Opts {
+        Opts::new(name, alpha(help)).subsystem(SUBSYSTEM)
+    }
+
+    fn histogram(&self, name: &'static str, help: &str, buckets: Vec<f64>) -> Result<Histogram> {
+        let opts = HistogramOpts::new(name, alpha(help)).subsystem(SUBSYSTEM).buckets(buckets);
+        let h = Histogram::with_opts(opts).map_err(|source| MetricsError::Create { name, source })?;
+        self.register(name, h)
+    }
+
+    fn gauge(&self, name: &'static str, help: &str) -> Result<Gauge> {
+        let g = Gauge::with_opts(Self::opts(name, help)).map_err(|source| MetricsError::Create { name, source })?;
+        self.register(name, g)
+    }
+
+    fn int_gauge(&self, name: &'static str, help: &str) -> Result<IntGauge> {
+        let g = IntGauge::with_opts(Self::opts(name, help)).map_err(|source| MetricsError::Create { name, source })?;
+        self.register(name, g)
+    }
+
+    fn counter(&self, name: &'static str, help: &str) -> Result<IntCounter> {
+        let c =
+            IntCounter::with_opts(Self::opts(name, help)).map_err(|source| MetricsError::Create { name, source })?;
+        self.register(name, c)
+    }
+
+    fn gauge_vec(&self, name: &'static str, help: &str, label: &str) -> Result<IntGaugeVec> {
+        let g = IntGaugeVec::new(Self::opts(name, help), &[label])
+            .map_err(|source| MetricsError::Create { name, source })?;
+        self.register(name, g)
+    }
+
+    fn counter_vec(&self, name: &'static str, help: &str, label: &str) -> Result<IntCounterVec> {
+        let c = IntCounterVec::new(Self::opts(name, help), &[label])
+            .map_err(|source| MetricsError::Create { name, source })?;
+        self.register(name, c)
+    }
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    /// Creates and registers every collector in a fresh registry.
+    pub fn new() -> Result<Metrics> {
+        let b = Builder { registry: Registry::new() };
+        let sync = sync_duration_buckets;
+        Ok(Metrics {
+            sync_proxy_rules_duration: b.histogram(
+                "sync_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds",
+                sync(),
+            )?,
+            sync_full_proxy_rules_duration: b.histogram(
+                "sync_full_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for full resyncs",
+                sync(),
+            )?,
+            sync_partial_proxy_rules_duration: b.histogram(
+                "sync_partial_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds for partial resyncs",
+                sync(),
+            )?,
+            sync_proxy_rules_last_timestamp: b.gauge(
+                "sync_proxy_rules_last_timestamp_seconds",
+                "The last time proxy rules were successfully synced",
+            )?,
+            sync_proxy_rules_last_queued_timestamp: b.gauge(
+                "sync_proxy_rules_last_queued_timestamp_seconds",
+                "The last time a sync of proxy rules was queued",
+            )?,
+            network_programming_duration: b.histogram(
+                "network_programming_duration_seconds",
+                "In Cluster Network Programming Latency in seconds",
+                network_programming_buckets(),
+            )?,
+            endpoint_changes_pending: b
+                .int_gauge("sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes")?,
+            endpoint_changes_total: b
+                .counter("sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes")?,
+            service_changes_pending: b
+                .int_gauge("sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes")?,
+            service_changes_total: b
+                .counter("sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes")?,
+            iptables_restore_failures_total: b.counter(
+                "sync_proxy_rules_iptables_restore_failures_total",
+                "Cumulative proxy iptables restore failures",
+            )?,
+            iptables_partial_restore_failures_total: b.counter(
+                "sync_proxy_rules_iptables_partial_restore_failures_total",
+                "Cumulative proxy iptables partial restore failures",
+            )?,
+            iptables_rules_total: b.gauge_vec(
+                "sync_proxy_rules_iptables_total",
+                "Total number of iptables rules owned by kube-proxy",
+                "table",
+            )?,
+            iptables_rules_last_sync: b.gauge_vec(
+                "sync_proxy_rules_iptables_last",
+                "Number of iptables rules written by kube-proxy in last sync",
+                "table",
+            )?,
+            no_local_endpoints_total: b.gauge_vec(
+                "sync_proxy_rules_no_local_endpoints_total",
+                "Number of services with a Local traffic policy and no endpoints",
+                "traffic_policy",
+            )?,
+            proxy_healthz_total: b.counter_vec(
+                "proxy_healthz_total",
+                "Cumulative proxy healthz HTTP status",
+                "code",
+            )?,
+            proxy_livez_total: b.counter_vec("proxy_livez_total", "Cumulative proxy livez HTTP status", "code")?,
+            registry: b.registry,
+        })
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Every metric in the Prometheus text exposition format (what `/metrics` serves).
+    pub fn encode_text(&self) -> Result<String> {
+        let families = self.registry.gather();
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&families, &mut out).map_err(MetricsError::Encode)?;
+        String::from_utf8(out).map_err(|e| MetricsError::Encode(prometheus::Error::Msg(e.to_string())))
+    }
+
+    /// A Service event reached the change tracker; `pending` Services now have unapplied
+    /// changes (upstream `ServiceChangeTracker.Update`).
+    pub fn service_update_observed(&self, pending: usize) {
+        self.service_changes_total.inc();
+        self.service_changes_pending.set(gauge_value(pending));
+    }
+
+    /// An EndpointSlice event of a supported address type reached the change tracker;
+    /// `change_needed` is what the tracker answered (upstream `EndpointSliceUpdate`).
+    pub fn endpoint_slice_update_observed(&self, change_needed: bool) {
+        self.endpoint_changes_total.inc();
+        if change_needed {
+            self.endpoint_changes_pending.inc();
+        }
+    }
+
+    /// A sync was requested (upstream `Proxier.Sync` and the start of `SyncLoop`).
+    pub fn sync_queued(&self, now: SystemTime) {
+        self.sync_proxy_rules_last_queued_timestamp.set(unix_seconds(now));
+    }
+
+    /// `iptables-restore` failed outside a sync (cleanup of leftover rules).
+    pub fn restore_failed(&self) {
+        self.iptables_restore_failures_total.inc();
+    }
+
+    pub fn healthz_answered(&self, code: u16) {
+        self.proxy_healthz_total.with_label_values(&[code.to_string().as_str()]).inc();
+    }
+
+    pub fn livez_answered(&self, code: u16) {
+        self.proxy_livez_total.with_label_values(&[code.to_string().as_str()]).inc();
+    }
+
+    /// Records one sync the way upstream's `syncProxyRules` does: latency always (full or
+    /// partial), rule counts whenever rules were rendered, restore failures on failure, and on
+    /// success the network programming latency of the applied EndpointSlice changes, the
+    /// no-local-endpoint counts and the last-sync timestamp. The change trackers were drained,
+    /// so both pending gauges drop to zero.
+    ///
+    /// `elapsed` is how long the sync took; `now` is the wall-clock time it finished.
+    pub fn record_sync(&self, report: &SyncReport, elapsed: Duration, now: SystemTime) {
+        let seconds = elapsed.as_secs_f64();
+        self.sync_proxy_rules_duration.observe(seconds);
+        if report.full {
+            self.sync_full_proxy_rules_duration.observe(seconds);
+        } else {
+            self.sync_partial_proxy_rules_duration.observe(seconds);
+        }
+        self.service_changes_pending.set(0);
+        self.endpoint_changes_pending.set(0);
+
+        // A sync that failed while ensuring the jump rules rendered nothing.
+        let rendered = !matches!(report.result, Err(SyncError::EnsureChain { .. } | SyncError::EnsureJump { .. }));
+        if rendered {
+            let stats = &report.stats;
+            let nat_written = stats.nat_rules.saturating_sub(stats.deleted_chains);
+            self.set_rules(Table::Filter, stats.filter_rules_total, stats.filter_rules);
+            self.set_rules(Table::Nat, stats.nat_rules_total, nat_written);
+        }
+
+        match &report.result {
+            Ok(()) => {
+                let now_secs = unix_seconds(now);
+                for times in report.endpoints_update.last_change_trigger_times.values() {
+                    for t in times {
+                        let trigger = t.as_second() as f64 + f64::from(t.subsec_nanosecond()) / 1e9;
+                        self.network_programming_duration.observe(now_secs - trigger);
+                    }
+                }
+                self.no_local_endpoints_total
+                    .with_label_values(&["internal"])
+                    .set(gauge_value(report.stats.no_local_endpoints_internal));
+                self.no_local_endpoints_total
+                    .with_label_values(&["external"])
+                    .set(gauge_value(report.stats.no_local_endpoints_external));
+                self.sync_proxy_rules_last_timestamp.set(now_secs);
+            }
+            Err(err) => {
+                if matches!(err, SyncError::Restore { .. }) {
+                    self.iptables_restore_failures_total.inc();
+                }
+                if !report.full {
+                    self.iptables_partial_restore_failures_total.inc();
+                }
+            }
+        }
+    }
+
+    fn set_rules(&self, table: Table, total: usize, last: usize) {
+        self.iptables_rules_total.with_label_values(&[table.as_str()]).set(gauge_value(total));
+        self.iptables_rules_last_sync.with_label_values(&[table.as_str()]).set(gauge_value(last));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::jiff::Timestamp;
+    use prometheus::proto::{MetricFamily, MetricType};
+
+    use super::*;
+    use crate::iptables::IptablesError;
+    use crate::model::NamespacedName;
+    use crate::proxier::RenderStats;
+    use crate::tracker::{EndpointsUpdateResult, ServiceUpdateResult};
+
+    /// Upstream 1.29 `pkg/proxy/metrics`: name, type, label names, help (without the
+    /// `[ALPHA] ` prefix component-base adds).
+    const UPSTREAM: &[(&str, MetricType, &[&str], &str)] = &[
+        (
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            MetricType::HISTOGRAM,
+            &[],
+            "SyncProxyRules latency in seconds",
+        ),
+        (
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            MetricType::HISTOGRAM,
+            &[],
+            "SyncProxyRules latency in seconds for full resyncs",
+        ),
+        (
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            MetricType::HISTOGRAM,
+            &[],
+            "SyncProxyRules latency in seconds for partial resyncs",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            MetricType::GAUGE,
+            &[],
+            "The last time proxy rules were successfully synced",
+        ),
+        (
+            "kubeproxy_network_programming_duration_seconds",
+            MetricType::HISTOGRAM,
+            &[],
+            "In Cluster Network Programming Latency in seconds",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            MetricType::GAUGE,
+            &[],
+            "Pending proxy rules Endpoint changes",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+            MetricType::COUNTER,
+            &[],
+            "Cumulative proxy rules Endpoint changes",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            MetricType::GAUGE,
+            &[],
+            "Pending proxy rules Service changes",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_service_changes_total",
+            MetricType::COUNTER,
+            &[],
+            "Cumulative proxy rules Service changes",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            MetricType::COUNTER,
+            &[],
+            "Cumulative proxy iptables restore failures",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+            MetricType::COUNTER,
+            &[],
+            "Cumulative proxy iptables partial restore failures",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            MetricType::GAUGE,
+            &["table"],
+            "Total number of iptables rules owned by kube-proxy",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            MetricType::GAUGE,
+            &["table"],
+            "Number of iptables rules written by kube-proxy in last sync",
+        ),
+        ("kubeproxy_proxy_healthz_total", MetricType::COUNTER, &["code"], "Cumulative proxy healthz HTTP status"),
+        ("kubeproxy_proxy_livez_total", MetricType::COUNTER, &["code"], "Cumulative proxy livez HTTP status"),
+        (
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            MetricType::GAUGE,
+            &[],
+            "The last time a sync of proxy rules was queued",
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            MetricType::GAUGE,
+            &["traffic_policy"],
+            "Number of services with a Local traffic policy and no endpoints",
+        ),
+    ];
+
+    fn report(full: bool, result: std::result::Result<(), SyncError>) -> SyncReport {
+        SyncReport {
+            full,
+            payload: String::new(),
+            stats: RenderStats {
+                filter_rules: 7,
+                filter_rules_total: 7,
+                nat_rules: 42,
+                nat_rules_total: 100,
+                deleted_chains: 2,
+                no_local_endpoints_internal: 1,
+                no_local_endpoints_external: 3,
+                ..RenderStats::default()
+            },
+            service_update: ServiceUpdateResult::default(),
+            endpoints_update: EndpointsUpdateResult::default(),
+            result,
+            retry_after: None,
+        }
+    }
+
+    fn restore_error() -> SyncError {
+        SyncError::Restore {
+            source: IptablesError::RestoreLine { command: "iptables-restore".into(), line: 3, output: "bad".into() },
+            context: String::new(),
+        }
+    }
+
+    fn families(m: &Metrics) -> BTreeMap<String, MetricFamily> {
+        m.registry().gather().into_iter().map(|f| (f.name().to_string(), f)).collect()
+    }
+
+    fn gauge(m: &Metrics, name: &str, label: Option<&str>) -> f64 {
+        let fams = families(m);
+        let fam = fams.get(name).unwrap_or_else(|| panic!("{name} not exported"));
+        let metric = fam
+            .get_metric()
+            .iter()
+            .find(|mt| label.is_none_or(|l| mt.get_label().iter().any(|p| p.value() == l)))
+            .unwrap_or_else(|| panic!("{name}{{{label:?}}} not exported"));
+        match fam.get_field_type() {
+            MetricType::GAUGE => metric.get_gauge().get_value(),
+            MetricType::COUNTER => metric.get_counter().get_value(),
+            MetricType::HISTOGRAM => metric.get_histogram().get_sample_count() as f64,
+            other => panic!("unexpected type {other:?}"),
+        }
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn names_types_labels_and_help_match_upstream() {
+        let m = Metrics::new().unwrap();
+        // Vectors are exported once they have a child; give every one of them one.
+        m.record_sync(&report(true, Ok(())), Duration::from_millis(3), at(1_000));
+        m.healthz_answered(200);
+        m.livez_answered(503);
+        let fams = families(&m);
+        let expected: BTreeMap<&str, _> = UPSTREAM.iter().map(|(n, t, l, h)| (*n, (*t, *l, *h))).collect();
+        let got: Vec<&str> = fams.keys().map(String::as_str).collect();
+        assert_eq!(got, expected.keys().copied().collect::<Vec<_>>(), "metric names differ from upstream 1.29");
+        for (name, (ty, labels, help)) in expected {
+            let fam = &fams[name];
+            assert_eq!(fam.get_field_type(), ty, "{name}: type");
+            assert_eq!(fam.help(), format!("[ALPHA] {help}"), "{name}: help");
+            for metric in fam.get_metric() {
+                let names: Vec<&str> = metric.get_label().iter().map(|l| l.name()).collect();
+                assert_eq!(names, labels, "{name}: label names");
+            }
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_match_upstream() {
+        let sync = sync_duration_buckets();
+        assert_eq!(sync.len(), 15);
+        assert_eq!(sync[0], 0.001);
+        assert_eq!(sync[14], 16.384);
+        let net = network_programming_buckets();
+        assert_eq!(net.len(), 1 + 2 + 59 + 12 + 7);
+        assert_eq!(&net[..5], &[0.0, 0.25, 0.5, 1.0, 2.0]);
+        assert_eq!(net[61], 59.0);
+        assert_eq!(&net[62..64], &[60.0, 65.0]);
+        assert_eq!(net[73], 115.0);
+        assert_eq!(&net[74..], &[120.0, 150.0, 180.0, 210.0, 240.0, 270.0, 300.0]);
+        assert!(net.windows(2).all(|w| w[0] < w[1]));
+
+        let m = Metrics::new().unwrap();
+        let text = m.encode_text().unwrap();
+        assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"} 0"), "{text}");
+        assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\"} 0"), "{text}");
+        assert!(text.contains("kubeproxy_network_programming_duration_seconds_bucket{le=\"0\"} 0"), "{text}");
+        assert!(text.contains("# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_total counter"), "{text}");
+    }
+
+    #[test]
+    fn successful_full_sync() {
+        let m = Metrics::new().unwrap();
+        m.service_update_observed(2);
+        m.endpoint_slice_update_observed(true);
+        m.endpoint_slice_update_observed(false);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_service_changes_pending", None), 2.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_endpoint_changes_pending", None), 1.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_endpoint_changes_total", None), 2.0);
+
+        let mut r = report(true, Ok(()));
+        let trigger = Timestamp::new(990, 500_000_000).unwrap();
+        r.endpoints_update.last_change_trigger_times.insert(NamespacedName::new("ns", "svc"), vec![trigger]);
+        m.record_sync(&r, Duration::from_millis(20), at(1_000));
+
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_duration_seconds", None), 1.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_full_proxy_rules_duration_seconds", None), 1.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_partial_proxy_rules_duration_seconds", None), 0.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_service_changes_pending", None), 0.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_endpoint_changes_pending", None), 0.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_total", Some("filter")), 7.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_last", Some("filter")), 7.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_total", Some("nat")), 100.0);
+        // The `-X` lines of deleted chains are not rules.
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_last", Some("nat")), 40.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_no_local_endpoints_total", Some("internal")), 1.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_no_local_endpoints_total", Some("external")), 3.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", None), 1000.0);
+        let np = &families(&m)["kubeproxy_network_programming_duration_seconds"];
+        let h = np.get_metric()[0].get_histogram();
+        assert_eq!((h.get_sample_count(), h.get_sample_sum()), (1, 9.5));
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total", None), 0.0);
+    }
+
+    #[test]
+    fn failed_partial_sync() {
+        let m = Metrics::new().unwrap();
+        m.record_sync(&report(false, Err(restore_error())), Duration::from_millis(5), at(2_000));
+        assert_eq!(gauge(&m, "kubeproxy_sync_partial_proxy_rules_duration_seconds", None), 1.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total", None), 1.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", None), 1.0);
+        // Rule counts are set before restoring, as upstream does; success-only metrics are not.
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_total", Some("nat")), 100.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", None), 0.0);
+        assert!(!families(&m).contains_key("kubeproxy_sync_proxy_rules_no_local_endpoints_total"));
+    }
+
+    #[test]
+    fn failure_before_rendering_sets_no_rule_counts() {
+        let m = Metrics::new().unwrap();
+        let err = SyncError::EnsureChain {
+            table: Table::Filter,
+            chain: "KUBE-SERVICES",
+            source: IptablesError::Lock("busy".into()),
+        };
+        m.record_sync(&report(true, Err(err)), Duration::from_millis(1), at(3_000));
+        assert_eq!(gauge(&m, "kubeproxy_sync_full_proxy_rules_duration_seconds", None), 1.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total", None), 0.0);
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", None), 0.0);
+        assert!(!families(&m).contains_key("kubeproxy_sync_proxy_rules_iptables_total"));
+    }
+
+    #[test]
+    fn queued_timestamp_and_probe_counters() {
+        let m = Metrics::new().unwrap();
+        m.sync_queued(UNIX_EPOCH + Duration::from_millis(1_500));
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", None), 1.5);
+        m.healthz_answered(200);
+        m.healthz_answered(200);
+        m.healthz_answered(503);
+        assert_eq!(gauge(&m, "kubeproxy_proxy_healthz_total", Some("200")), 2.0);
+        assert_eq!(gauge(&m, "kubeproxy_proxy_healthz_total", Some("503")), 1.0);
+        m.restore_failed();
+        assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total", None), 1.0);
+    }
+}
