@@ -7,10 +7,20 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// A drop-in replacement for Kubernetes kube-proxy in iptables mode.
 #[derive(Debug, Parser)]
-#[command(name = "kube-proxy-rs", version, about, long_about = None)]
+#[command(name = "kube-proxy-rs", version, about, long_about = None, args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+}
+
+/// Upstream kube-proxy's flags (those implemented so far).
+#[derive(Debug, Args, Default)]
+pub struct DaemonArgs {
+    /// If true cleanup iptables rules created by kube-proxy and exit.
+    #[arg(long)]
+    pub cleanup: bool,
 }
 
 #[derive(Debug, Subcommand)]

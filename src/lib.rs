@@ -12,6 +12,7 @@
 //! records; [`iptables`] is the only place that knows how rules reach the kernel, and [`exec`]
 //! the only place that starts processes. [`runner`] paces syncs; [`cleanup`] is `--cleanup`.
 
+pub mod app;
 pub mod cleanup;
 pub mod cli;
 pub mod config;

@@ -21,6 +21,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        None if cli.daemon.cleanup => {
+            if kube_proxy_rs::app::cleanup() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
         None => {
             eprintln!("kube-proxy-rs: the daemon mode is not implemented yet; see `kube-proxy-rs render --help`");
             ExitCode::from(2)

@@ -1,5 +1,6 @@
 //! The one integration-test binary (fewer link steps): one module per area.
 
+mod cleanup_cli;
 mod golden;
 mod iptables_real;
 mod partial_sync;

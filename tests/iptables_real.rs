@@ -11,94 +11,27 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_proxy_rs::cleanup::cleanup_leftovers;
-use kube_proxy_rs::exec::{Command, Exec, Output, RealExec};
 use kube_proxy_rs::iptables::dump::Dump;
 use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::iptables::monitor::{CANARY_TABLES, CanaryMonitor};
-use kube_proxy_rs::iptables::runner::{Backend, IptablesRunner, IptablesVersion, RunnerOptions};
+use kube_proxy_rs::iptables::runner::{Backend, IptablesVersion};
 use kube_proxy_rs::iptables::{FlushFlag, Iptables, IptablesError, RestoreCounters, RulePosition, Table};
 use kube_proxy_rs::model::{Cidr, IpFamily};
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome, SyncReport};
 
+use crate::require_root;
 use crate::support::fixtures::{ep, slice, svc};
+use crate::support::netns::Netns;
 
 const BACKENDS: [Backend; 2] = [Backend::Nft, Backend::Legacy];
 const NODE_NAME: &str = "test-node";
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-            line.split_whitespace().nth(2).map(|euid| euid == "0")
-        })
-        .unwrap_or(false)
-}
-
-/// Returns early (passing) when not root, saying why.
-macro_rules! require_root {
-    () => {
-        if !is_root() {
-            eprintln!("skipping: creating network namespaces for real-iptables tests needs root");
-            return;
-        }
-    };
-}
-
-/// A network namespace deleted on drop, even when the test panics.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn create(tag: &str) -> Netns {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let name = format!("kprs-{}-{tag}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
-        let out = RealExec.run(&Command::new("ip").args(["netns", "add", name.as_str()])).expect("run ip");
-        assert!(out.success(), "ip netns add {name}: {}", out.combined());
-        Netns { name }
-    }
-
-    /// Runs `argv` inside the namespace.
-    fn run(&self, argv: &[&str]) -> Output {
-        let cmd = Command::new("ip")
-            .args(["netns", "exec", self.name.as_str()])
-            .args(argv.iter().copied())
-            .timeout(Duration::from_secs(60));
-        RealExec.run(&cmd).expect("run ip netns exec")
-    }
-
-    /// Runs `argv` inside the namespace, which must succeed; returns stdout.
-    fn ok(&self, argv: &[&str]) -> String {
-        let out = self.run(argv);
-        assert!(out.success(), "{argv:?} failed: {}", out.combined());
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn runner(&self, backend: Backend, family: IpFamily) -> IptablesRunner {
-        let options =
-            RunnerOptions { backend, netns: Some(self.name.clone()), command_timeout: Duration::from_secs(60) };
-        IptablesRunner::new(Arc::new(RealExec), family, options)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        match RealExec.run(&Command::new("ip").args(["netns", "del", self.name.as_str()])) {
-            Ok(out) if out.success() => {}
-            Ok(out) => eprintln!("warning: ip netns del {}: {}", self.name, out.combined()),
-            Err(e) => eprintln!("warning: ip netns del {}: {e}", self.name),
-        }
-    }
-}
 
 fn save(ipt: &dyn Iptables, table: Table) -> String {
     let mut buf = Vec::new();

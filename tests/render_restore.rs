@@ -2,50 +2,12 @@
 //! private network namespace: the full sync and the partial syncs after it, in order, and the
 //! kernel ends up with exactly our chains. Needs root (CI runs as root); skips otherwise.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
+
+use crate::require_root;
+use crate::support::netns::Netns;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-/// A network namespace deleted on drop, even when the test fails.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = format!("kpr-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
-        let ok = Command::new("ip").args(["netns", "add", &name]).status().is_ok_and(|s| s.success());
-        assert!(ok, "ip netns add {name} failed");
-        Netns(name)
-    }
-
-    fn run(&self, program: &str, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.0, program])
-            .args(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            use std::io::Write;
-            pipe.write_all(text.as_bytes()).expect("write stdin");
-        }
-        let out = child.wait_with_output().expect("wait");
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        (out.status.success(), text)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
 
 /// Splits `render` output into its sync payloads.
 fn syncs(text: &str) -> Vec<String> {
@@ -63,10 +25,7 @@ fn syncs(text: &str) -> Vec<String> {
 
 #[test]
 fn render_output_is_accepted_by_real_iptables_restore() {
-    if !is_root() {
-        eprintln!("skipping render_output_is_accepted_by_real_iptables_restore: needs root for network namespaces");
-        return;
-    }
+    require_root!();
     let dir = std::env::temp_dir().join(format!("kpr-restore-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
     let base = std::fs::read_to_string("examples/cluster.yaml").expect("example");
@@ -89,22 +48,20 @@ fn render_output_is_accepted_by_real_iptables_restore() {
     assert_eq!(payloads.len(), 3);
 
     for backend in ["nft", "legacy"] {
-        let ns = Netns::new(backend);
+        let ns = Netns::create(backend);
         let restore = format!("iptables-{backend}-restore");
         let save = format!("iptables-{backend}-save");
         // Someone else's rules, which must survive every restore.
-        let (ok, msg) = ns.run(
-            &restore,
-            &["--noflush"],
-            Some("*nat\n:OTHER-OWNER - [0:0]\n-A OTHER-OWNER -d 198.18.0.1/32 -j RETURN\nCOMMIT\n"),
+        let out = ns.run_with_stdin(
+            &[&restore, "--noflush"],
+            "*nat\n:OTHER-OWNER - [0:0]\n-A OTHER-OWNER -d 198.18.0.1/32 -j RETURN\nCOMMIT\n",
         );
-        assert!(ok, "{backend}: seeding foreign rules: {msg}");
+        assert!(out.success(), "{backend}: seeding foreign rules: {}", out.combined());
         for (i, payload) in payloads.iter().enumerate() {
-            let (ok, msg) = ns.run(&restore, &["--noflush", "--counters"], Some(payload));
-            assert!(ok, "{backend}: sync {} rejected: {msg}\n{payload}", i + 1);
+            let out = ns.run_with_stdin(&[&restore, "--noflush", "--counters"], payload);
+            assert!(out.success(), "{backend}: sync {} rejected: {}\n{payload}", i + 1, out.combined());
         }
-        let (ok, saved) = ns.run(&save, &["-t", "nat"], None);
-        assert!(ok, "{backend}: save: {saved}");
+        let saved = ns.ok(&[&save, "-t", "nat"]);
         assert!(saved.contains("-A OTHER-OWNER -d 198.18.0.1/32 -j RETURN"), "{backend}: foreign rule lost:\n{saved}");
         // Every KUBE- chain in the kernel is one the last full picture declares: nothing
         // stale left behind by the partial syncs.

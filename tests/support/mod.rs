@@ -5,6 +5,7 @@
 
 pub mod fixtures;
 pub mod harness;
+pub mod netns;
 
 /// Asserts two iptables-restore texts are equal, printing a line diff on failure.
 #[track_caller]
