@@ -27,6 +27,7 @@ pub mod model;
 pub mod proxier;
 pub mod render_cmd;
 pub mod runner;
+pub mod sync_loop;
 pub mod synthetic;
 pub mod sysctl;
 pub mod tracker;

@@ -7,4 +7,5 @@ mod partial_sync;
 mod render_cli;
 mod render_restore;
 mod support;
+mod sync_loop_real;
 mod upstream_rules;

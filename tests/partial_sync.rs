@@ -445,3 +445,37 @@ fn rule_totals_count_chains_not_rewritten() {
     assert_eq!(partial.stats.nat_rules_total, count(&fp, Table::Nat));
     assert_eq!(partial.stats.filter_rules_total, count(&fp, Table::Filter));
 }
+
+/// Below the large-cluster threshold every sync reads `iptables-save` for stale chains; above
+/// it, at most once per sync period (upstream: saves can take seconds on big hosts).
+#[test]
+fn large_clusters_look_for_stale_chains_once_per_sync_period() {
+    let saves = |fp: &TestProxier| fp.ipt.calls().iter().filter(|c| c.starts_with("save_into nat")).count();
+    let sync_at = |fp: &mut TestProxier, now: std::time::Instant| match fp.proxier.sync(now) {
+        kube_proxy_rs::proxier::SyncOutcome::Synced(r) => assert!(r.result.is_ok()),
+        other => panic!("{other:?}"),
+    };
+    let start = std::time::Instant::now();
+    let second = std::time::Duration::from_secs(1);
+
+    let mut small = TestProxier::new(IpFamily::V4);
+    small.add_services(&[svc("ns1", "a").cluster_ip("172.30.0.1").tcp("p80", 80).build()]);
+    for i in 0..3u32 {
+        sync_at(&mut small, start + second * i);
+    }
+    assert_eq!(saves(&small), 3);
+
+    let mut large = TestProxier::new(IpFamily::V4);
+    large.add_services(&[svc("ns1", "big").cluster_ip("172.30.0.2").tcp("p80", 80).build()]);
+    let mut s = slice("ns1", "big", "big-1").tcp("p80", 80);
+    for n in 0..1001u32 {
+        s = s.endpoint(ep(&format!("10.2.{}.{}", n / 250, n % 250 + 1)));
+    }
+    large.add_slices(&[s.build()]);
+    for i in 0..3u32 {
+        sync_at(&mut large, start + second * i);
+    }
+    assert_eq!(saves(&large), 1, "within one sync period (30s) only the first sync saves");
+    sync_at(&mut large, start + second * 40);
+    assert_eq!(saves(&large), 2, "after a sync period the next sync saves again");
+}

@@ -1,0 +1,113 @@
+//! The sync loop of one proxier: a [`BoundedFrequencyRunner`] decides when
+//! [`Proxier::sync`] runs, and a [`CanaryMonitor`] forces a full resync when someone flushed
+//! our tables (upstream's `SyncLoop` plus `ipt.Monitor(..., forceSyncProxyRules, ...)`).
+//!
+//! Syncs run on the blocking pool (they exec iptables); the proxier sits behind a std
+//! `Mutex` that is never held across an `.await`. Event handlers record changes on the
+//! proxier and call [`RunnerHandle::run`] to ask for a sync.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::iptables::Iptables;
+use crate::iptables::monitor::{CANARY_TABLES, CanaryMonitor};
+use crate::proxier::chains::KUBE_PROXY_CANARY;
+use crate::proxier::{Proxier, SyncOutcome, SyncReport};
+use crate::runner::{BoundedFrequencyRunner, RunnerError, RunnerHandle};
+
+/// Syncs allowed back to back before `min_sync_period` applies (upstream's `burstSyncs`).
+pub const BURST_SYNCS: u32 = 2;
+/// The runner's maximum interval: the canary monitor, not the runner, triggers periodic
+/// resyncs, so this only needs to be long (upstream uses an hour too).
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// A proxier shared between event handlers and its sync loop.
+pub type SharedProxier = Arc<Mutex<Proxier>>;
+
+/// Locks the proxier; a poisoned lock (a panic mid-sync) still yields the proxier, and the
+/// next sync is forced full so the kernel is rewritten from a known state.
+pub fn lock(proxier: &Mutex<Proxier>) -> MutexGuard<'_, Proxier> {
+    proxier.lock().unwrap_or_else(|poisoned: PoisonError<MutexGuard<'_, Proxier>>| {
+        let mut guard = poisoned.into_inner();
+        guard.force_full_sync();
+        guard
+    })
+}
+
+/// One proxier's runner and canary monitor.
+pub struct SyncLoop {
+    proxier: SharedProxier,
+    runner: BoundedFrequencyRunner,
+    monitor: CanaryMonitor,
+}
+
+impl SyncLoop {
+    /// `min_sync_period` bounds how often syncs run; `sync_period` is how often the canary
+    /// is checked (and the retry delay after a failed sync, which the proxier reports).
+    pub fn new(
+        proxier: SharedProxier,
+        iptables: Arc<dyn Iptables>,
+        min_sync_period: Duration,
+        sync_period: Duration,
+    ) -> Result<SyncLoop, RunnerError> {
+        let runner = BoundedFrequencyRunner::new("sync-runner", min_sync_period, MAX_INTERVAL, BURST_SYNCS)?;
+        let monitor = CanaryMonitor::new(iptables, KUBE_PROXY_CANARY, &CANARY_TABLES, sync_period);
+        Ok(SyncLoop { proxier, runner, monitor })
+    }
+
+    /// Replaces the canary monitor (tests use shorter flush timings).
+    pub fn with_monitor(mut self, monitor: CanaryMonitor) -> SyncLoop {
+        self.monitor = monitor;
+        self
+    }
+
+    /// What event handlers call to ask for a sync.
+    pub fn handle(&self) -> RunnerHandle {
+        self.runner.handle()
+    }
+
+    pub fn proxier(&self) -> SharedProxier {
+        self.proxier.clone()
+    }
+
+    /// Runs until `shutdown`; `on_report` sees every sync's report (metrics, health). On the
+    /// way out the canaries are removed and the service rules are left in place.
+    pub async fn run(self, shutdown: CancellationToken, on_report: impl Fn(&SyncReport) + Send + Sync + 'static) {
+        let SyncLoop { proxier, runner, monitor } = self;
+        let handle = runner.handle();
+        let monitor_proxier = proxier.clone();
+        let monitor_task = tokio::spawn(monitor.run(shutdown.clone(), move || {
+            tracing::info!("iptables were flushed from outside; forcing a full resync");
+            lock(&monitor_proxier).force_full_sync();
+            handle.run();
+        }));
+        // The first sync happens as soon as the loop starts (and is full).
+        runner.handle().run();
+        let on_report = Arc::new(on_report);
+        runner
+            .run_loop(shutdown, || {
+                let proxier = proxier.clone();
+                let on_report = on_report.clone();
+                async move {
+                    let outcome = tokio::task::spawn_blocking(move || lock(&proxier).sync(Instant::now())).await;
+                    match outcome {
+                        Ok(SyncOutcome::Synced(report)) => {
+                            on_report(&report);
+                            report.retry_after
+                        }
+                        Ok(SyncOutcome::NotInitialized) => None,
+                        Err(e) => {
+                            tracing::error!(error = %e, "sync task failed");
+                            Some(Duration::from_secs(1))
+                        }
+                    }
+                }
+            })
+            .await;
+        if let Err(e) = monitor_task.await {
+            tracing::error!(error = %e, "canary monitor task failed");
+        }
+    }
+}
