@@ -21,6 +21,7 @@ pub mod health;
 pub mod healthcheck;
 pub mod http;
 pub mod iptables;
+pub mod k8s;
 pub mod manifest;
 pub mod metrics;
 pub mod model;

@@ -3,6 +3,7 @@
 mod cleanup_cli;
 mod golden;
 mod iptables_real;
+mod k8s_events;
 mod partial_sync;
 mod render_cli;
 mod render_restore;

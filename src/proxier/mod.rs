@@ -262,6 +262,16 @@ impl Proxier {
         self.service_changes.update(previous, current) && self.is_initialized()
     }
 
+    /// Records the current state of a Service seen by a watch (`current` None: deleted),
+    /// without needing the previous object. Returns whether a sync is wanted.
+    pub fn on_service_state(&mut self, service: NamespacedName, current: Option<&Service>) -> bool {
+        let services = &self.services;
+        let applied = || {
+            services.iter().filter(|(name, _)| name.service == service).map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        self.service_changes.update_from_applied(service.clone(), applied, current) && self.is_initialized()
+    }
+
     /// Records an EndpointSlice add/update, or its deletion. Returns whether a sync is wanted.
     pub fn on_endpoint_slice_update(&mut self, slice: &EndpointSlice, removed: bool) -> bool {
         self.endpoint_changes.endpoint_slice_update(slice, removed) && self.is_initialized()

@@ -158,6 +158,29 @@ impl ServiceChangeTracker {
         !self.items.is_empty()
     }
 
+    /// Records the current state of `service` (`None`: deleted) when the caller does not keep
+    /// the previous object: the state before the first unapplied change is, by definition,
+    /// what was last applied, which `applied` returns (the service's entries of the applied
+    /// [`ServicePortMap`]). Equivalent to [`ServiceChangeTracker::update`] with the previous
+    /// object, without anyone having to store API objects.
+    pub fn update_from_applied(
+        &mut self,
+        service: NamespacedName,
+        applied: impl FnOnce() -> ServicePortMap,
+        current: Option<&Service>,
+    ) -> bool {
+        let current_map = self.port_map(current);
+        let change = self
+            .items
+            .entry(service.clone())
+            .or_insert_with(|| ServiceChange { previous: applied(), current: ServicePortMap::new() });
+        change.current = current_map;
+        if change.previous == change.current {
+            self.items.remove(&service);
+        }
+        !self.items.is_empty()
+    }
+
     /// Services with unapplied changes (call before [`ServicePortMap::update`]).
     pub fn pending_changes(&self) -> HashSet<NamespacedName> {
         self.items.keys().cloned().collect()

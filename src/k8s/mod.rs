@@ -1,0 +1,233 @@
+//! The API-server side: watches of Services, EndpointSlices and this Node, turned into the
+//! proxiers' `on_*` calls. The only module that talks to the API server.
+//!
+//! Event handling ([`ServiceEvents`], [`SliceEvents`], [`NodeEvents`]) takes kube-runtime
+//! watcher events, not clients, so tests feed hand-made streams. It keeps only object keys
+//! (no API objects): the trackers hold the compact state, and a re-list (`Init` …
+//! `InitApply`* … `InitDone`) deletes whatever was known but not listed again, so a dropped
+//! watch or a 410 Gone loses nothing.
+
+pub mod watch;
+
+use std::collections::{HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::watcher::Event;
+
+use crate::model::NamespacedName;
+use crate::proxier::Proxier;
+use crate::runner::RunnerHandle;
+use crate::sync_loop::{SharedProxier, lock};
+use crate::tracker::LABEL_SERVICE_NAME;
+
+/// Label excluding a Service (and its slices) from this proxy.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label marking the EndpointSlices of headless Services.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// The label selector of the Service and EndpointSlice watches (upstream's informers).
+pub const WATCH_LABEL_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// The proxiers (one per IP family) fed by the same watches, with their sync triggers.
+#[derive(Clone)]
+pub struct ProxierSet {
+    members: Vec<(SharedProxier, RunnerHandle)>,
+}
+
+impl ProxierSet {
+    pub fn new(members: Vec<(SharedProxier, RunnerHandle)>) -> Self {
+        ProxierSet { members }
+    }
+
+    /// Applies `f` to every proxier; asks for a sync where it says so.
+    fn each(&self, f: impl Fn(&mut Proxier) -> bool) {
+        for (proxier, handle) in &self.members {
+            let wants_sync = f(&mut lock(proxier));
+            if wants_sync {
+                handle.run();
+            }
+        }
+    }
+
+    /// Marks one kind as listed; the first sync runs once both kinds are.
+    fn synced(&self, f: impl Fn(&mut Proxier)) {
+        for (proxier, handle) in &self.members {
+            let initialized = {
+                let mut p = lock(proxier);
+                f(&mut p);
+                p.is_initialized()
+            };
+            if initialized {
+                handle.run();
+            }
+        }
+    }
+}
+
+fn key(meta: &ObjectMeta) -> NamespacedName {
+    NamespacedName::new(meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+}
+
+/// Service watch state: which Services are known, and the keys seen during a re-list.
+#[derive(Debug, Default)]
+pub struct ServiceEvents {
+    known: HashSet<NamespacedName>,
+    relisted: Option<HashSet<NamespacedName>>,
+    synced: bool,
+}
+
+impl ServiceEvents {
+    pub fn handle(&mut self, event: Event<Service>, proxiers: &ProxierSet) {
+        match event {
+            Event::Apply(svc) | Event::InitApply(svc) => {
+                let name = key(&svc.metadata);
+                if let Some(seen) = self.relisted.as_mut() {
+                    seen.insert(name.clone());
+                }
+                self.known.insert(name.clone());
+                proxiers.each(|p| p.on_service_state(name.clone(), Some(&svc)));
+            }
+            Event::Delete(svc) => {
+                let name = key(&svc.metadata);
+                self.known.remove(&name);
+                proxiers.each(|p| p.on_service_state(name.clone(), None));
+            }
+            Event::Init => self.relisted = Some(HashSet::new()),
+            Event::InitDone => {
+                let seen = self.relisted.take().unwrap_or_default();
+                let gone: Vec<NamespacedName> = self.known.difference(&seen).cloned().collect();
+                for name in gone {
+                    tracing::debug!(service = %name, "service not re-listed; treating it as deleted");
+                    self.known.remove(&name);
+                    proxiers.each(|p| p.on_service_state(name.clone(), None));
+                }
+                if !self.synced {
+                    self.synced = true;
+                    tracing::info!(services = self.known.len(), "services listed");
+                    proxiers.synced(Proxier::on_services_synced);
+                }
+            }
+        }
+    }
+
+    pub fn known(&self) -> usize {
+        self.known.len()
+    }
+}
+
+/// What a deletion needs to know about a slice we no longer have the object of.
+#[derive(Debug, Clone)]
+struct SliceKey {
+    service: String,
+    address_type: String,
+}
+
+/// EndpointSlice watch state.
+#[derive(Debug, Default)]
+pub struct SliceEvents {
+    known: HashMap<NamespacedName, SliceKey>,
+    relisted: Option<HashSet<NamespacedName>>,
+    synced: bool,
+}
+
+impl SliceEvents {
+    pub fn handle(&mut self, event: Event<EndpointSlice>, proxiers: &ProxierSet) {
+        match event {
+            Event::Apply(slice) | Event::InitApply(slice) => {
+                let name = key(&slice.metadata);
+                if let Some(seen) = self.relisted.as_mut() {
+                    seen.insert(name.clone());
+                }
+                let service =
+                    slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned().unwrap_or_default();
+                let previous = self
+                    .known
+                    .insert(name, SliceKey { service: service.clone(), address_type: slice.address_type.clone() });
+                // A slice re-labelled to another service leaves the old one.
+                if let Some(old) = previous.filter(|old| old.service != service) {
+                    let gone = synthetic_slice(&key(&slice.metadata), &old);
+                    proxiers.each(|p| p.on_endpoint_slice_update(&gone, true));
+                }
+                proxiers.each(|p| p.on_endpoint_slice_update(&slice, false));
+            }
+            Event::Delete(slice) => {
+                self.known.remove(&key(&slice.metadata));
+                proxiers.each(|p| p.on_endpoint_slice_update(&slice, true));
+            }
+            Event::Init => self.relisted = Some(HashSet::new()),
+            Event::InitDone => {
+                let seen = self.relisted.take().unwrap_or_default();
+                let gone: Vec<NamespacedName> = self.known.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                for name in gone {
+                    if let Some(old) = self.known.remove(&name) {
+                        tracing::debug!(slice = %name, "endpoint slice not re-listed; treating it as deleted");
+                        let slice = synthetic_slice(&name, &old);
+                        proxiers.each(|p| p.on_endpoint_slice_update(&slice, true));
+                    }
+                }
+                if !self.synced {
+                    self.synced = true;
+                    tracing::info!(slices = self.known.len(), "endpoint slices listed");
+                    proxiers.synced(Proxier::on_endpoint_slices_synced);
+                }
+            }
+        }
+    }
+
+    pub fn known(&self) -> usize {
+        self.known.len()
+    }
+}
+
+/// A stand-in for a slice whose deletion we only learned of by its absence: enough for the
+/// tracker to drop it (namespace, name, service label, address type).
+fn synthetic_slice(name: &NamespacedName, key: &SliceKey) -> EndpointSlice {
+    let mut labels = std::collections::BTreeMap::new();
+    labels.insert(LABEL_SERVICE_NAME.to_string(), key.service.clone());
+    EndpointSlice {
+        metadata: ObjectMeta {
+            namespace: Some(name.namespace.clone()),
+            name: Some(name.name.clone()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        address_type: key.address_type.clone(),
+        endpoints: Vec::new(),
+        ports: None,
+    }
+}
+
+/// Watch state of this node (field selector `metadata.name=<hostname>`).
+#[derive(Debug, Default)]
+pub struct NodeEvents {
+    present: bool,
+    relisted: bool,
+}
+
+impl NodeEvents {
+    /// `on_node` also sees every state of the Node (health's node eligibility).
+    pub fn handle(&mut self, event: Event<Node>, proxiers: &ProxierSet, on_node: &dyn Fn(Option<&Node>)) {
+        match event {
+            Event::Apply(node) | Event::InitApply(node) => {
+                self.present = true;
+                self.relisted = true;
+                on_node(Some(&node));
+                proxiers.each(|p| p.on_node_update(Some(&node)));
+            }
+            Event::Delete(_) => {
+                self.present = false;
+                on_node(None);
+                proxiers.each(|p| p.on_node_update(None));
+            }
+            Event::Init => self.relisted = false,
+            Event::InitDone => {
+                if self.present && !self.relisted {
+                    self.present = false;
+                    on_node(None);
+                    proxiers.each(|p| p.on_node_update(None));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The real watches: kube-runtime watchers (list, then watch, re-listing on expiry or
+//! errors with backoff) for Services, EndpointSlices and this Node, consumed into the event
+//! handlers of [`super`].
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+use super::{NodeEvents, ProxierSet, ServiceEvents, SliceEvents, WATCH_LABEL_SELECTOR};
+
+/// Called with every state of this Node (`None`: deleted).
+pub type NodeCallback = Arc<dyn Fn(Option<&Node>) + Send + Sync>;
+
+/// Feeds `stream` to `handle` until it ends or `shutdown`. Watch errors are logged; the
+/// watcher itself retries with backoff and re-lists.
+pub async fn consume<K, S>(kind: &'static str, stream: S, shutdown: CancellationToken, mut handle: impl FnMut(Event<K>))
+where
+    S: Stream<Item = Result<Event<K>, watcher::Error>>,
+{
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return,
+            next = stream.next() => match next {
+                Some(Ok(event)) => handle(event),
+                Some(Err(e)) => tracing::warn!(kind, error = %e, "watch failed; retrying"),
+                None => {
+                    tracing::warn!(kind, "watch stream ended");
+                    return;
+                }
+            },
+        }
+    }
+}
+
+/// Runs the three watches until `shutdown`.
+pub async fn run(
+    client: Client,
+    hostname: String,
+    proxiers: ProxierSet,
+    on_node: NodeCallback,
+    shutdown: CancellationToken,
+) {
+    let selector = watcher::Config::default().labels(WATCH_LABEL_SELECTOR);
+    let services = watcher(Api::<Service>::all(client.clone()), selector.clone()).default_backoff();
+    let slices = watcher(Api::<EndpointSlice>::all(client.clone()), selector).default_backoff();
+    let node_cfg = watcher::Config::default().fields(&format!("metadata.name={hostname}"));
+    let nodes = watcher(Api::<Node>::all(client), node_cfg).default_backoff();
+
+    let (p1, p2, p3) = (proxiers.clone(), proxiers.clone(), proxiers);
+    let mut svc_state = ServiceEvents::default();
+    let mut slice_state = SliceEvents::default();
+    let mut node_state = NodeEvents::default();
+    tokio::join!(
+        consume("Service", services, shutdown.clone(), move |e| svc_state.handle(e, &p1)),
+        consume("EndpointSlice", slices, shutdown.clone(), move |e| slice_state.handle(e, &p2)),
+        consume("Node", nodes, shutdown, move |e| node_state.handle(e, &p3, on_node.as_ref())),
+    );
+}
+
+fn watcher<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    watcher::watcher(api, config)
+}
