@@ -16,6 +16,7 @@ pub mod app;
 pub mod cleanup;
 pub mod cli;
 pub mod config;
+pub mod conntrack;
 pub mod exec;
 pub mod health;
 pub mod healthcheck;

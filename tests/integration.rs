@@ -1,6 +1,7 @@
 //! The one integration-test binary (fewer link steps): one module per area.
 
 mod cleanup_cli;
+mod conntrack_real;
 mod golden;
 mod iptables_real;
 mod k8s_events;

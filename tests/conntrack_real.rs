@@ -1,0 +1,194 @@
+//! Stale conntrack cleanup against the real kernel, in a private network namespace (root
+//! only): UDP entries are inserted by hand with `conntrack -I` (DNATed ones with `--dst-nat`,
+//! so the kernel marks them as DNAT like a real KUBE-SEP rule would), the service and endpoint
+//! changes go through the real trackers, and `clean_stale_entries` runs the `conntrack` tool
+//! inside the namespace. Afterwards `conntrack -L` must show exactly the entries that do not
+//! involve the removed endpoint, the newly active service or the deleted service.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use kube_proxy_rs::conntrack::{CleanupSummary, ExecConntrack, clean_stale_entries};
+use kube_proxy_rs::exec::RealExec;
+use kube_proxy_rs::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use kube_proxy_rs::tracker::{
+    EndpointChangeTracker, EndpointsMap, ServiceChangeTracker, ServiceEndpoint, ServicePortMap,
+};
+
+use crate::require_root;
+use crate::support::fixtures::{ep, slice, svc};
+use crate::support::netns::Netns;
+
+const CLIENT: &str = "198.18.0.10";
+const NODE_IP: &str = "198.18.0.1";
+
+const DNS_CLUSTER_IP: &str = "198.18.100.10";
+const DNS_EXTERNAL_IP: &str = "203.0.113.10";
+const DNS_LB_IP: &str = "203.0.113.20";
+const DNS_NODE_PORT: u16 = 30053;
+const REMOVED_EP: &str = "198.18.1.5";
+const KEPT_EP: &str = "198.18.1.6";
+const EP_PORT: u16 = 5353;
+
+const LATE_CLUSTER_IP: &str = "198.18.100.20";
+const LATE_NODE_PORT: u16 = 30054;
+const LATE_EP: &str = "198.18.1.7";
+
+const GONE_CLUSTER_IP: &str = "198.18.100.30";
+const GONE_EP: &str = "198.18.1.8";
+
+const UNRELATED_IP: &str = "198.18.200.1";
+
+/// One UDP flow from [`CLIENT`], identified by its unique client port.
+struct Flow {
+    client_port: u16,
+    dst: &'static str,
+    dport: u16,
+    /// The endpoint (address, port) it was DNATed to; `None` for a flow nobody NATed (what a
+    /// REJECTed or unrelated packet leaves behind).
+    dnat: Option<(&'static str, u16)>,
+    /// Whether the cleanup must delete it.
+    stale: bool,
+}
+
+const FLOWS: &[Flow] = &[
+    // Service dns lost REMOVED_EP: its flows via every service address and the node port go.
+    Flow { client_port: 40001, dst: DNS_CLUSTER_IP, dport: 53, dnat: Some((REMOVED_EP, EP_PORT)), stale: true },
+    Flow { client_port: 40002, dst: DNS_EXTERNAL_IP, dport: 53, dnat: Some((REMOVED_EP, EP_PORT)), stale: true },
+    Flow { client_port: 40003, dst: DNS_LB_IP, dport: 53, dnat: Some((REMOVED_EP, EP_PORT)), stale: true },
+    Flow { client_port: 40004, dst: NODE_IP, dport: DNS_NODE_PORT, dnat: Some((REMOVED_EP, EP_PORT)), stale: true },
+    // ... while the flows to the endpoint it kept stay.
+    Flow { client_port: 40011, dst: DNS_CLUSTER_IP, dport: 53, dnat: Some((KEPT_EP, EP_PORT)), stale: false },
+    Flow { client_port: 40012, dst: DNS_LB_IP, dport: 53, dnat: Some((KEPT_EP, EP_PORT)), stale: false },
+    Flow { client_port: 40013, dst: NODE_IP, dport: DNS_NODE_PORT, dnat: Some((KEPT_EP, EP_PORT)), stale: false },
+    // Service late had no endpoint (its packets were rejected) and now has one.
+    Flow { client_port: 40021, dst: LATE_CLUSTER_IP, dport: 53, dnat: None, stale: true },
+    Flow { client_port: 40022, dst: NODE_IP, dport: LATE_NODE_PORT, dnat: None, stale: true },
+    // Service gone was deleted.
+    Flow { client_port: 40031, dst: GONE_CLUSTER_IP, dport: 53, dnat: Some((GONE_EP, EP_PORT)), stale: true },
+    // Nothing to do with any service.
+    Flow { client_port: 40041, dst: UNRELATED_IP, dport: 53, dnat: None, stale: false },
+    Flow { client_port: 40042, dst: UNRELATED_IP, dport: 53, dnat: Some((REMOVED_EP, EP_PORT)), stale: false },
+];
+
+fn insert(ns: &Netns, flow: &Flow) {
+    let (reply_src, reply_sport) = flow.dnat.unwrap_or((flow.dst, flow.dport));
+    let (cport, dport, rsport) = (flow.client_port.to_string(), flow.dport.to_string(), reply_sport.to_string());
+    let mut argv = vec![
+        "conntrack",
+        "-I",
+        "-p",
+        "udp",
+        "-s",
+        CLIENT,
+        "-d",
+        flow.dst,
+        "--sport",
+        &cport,
+        "--dport",
+        &dport,
+        "--reply-src",
+        reply_src,
+        "--reply-dst",
+        CLIENT,
+        "--reply-port-src",
+        &rsport,
+        "--reply-port-dst",
+        &cport,
+        "--timeout",
+        "600",
+    ];
+    if let Some((endpoint, _)) = flow.dnat {
+        argv.extend(["--dst-nat", endpoint]);
+    }
+    ns.ok(&argv);
+}
+
+/// Client ports of the UDP entries in the namespace's table.
+fn remaining_flows(ns: &Netns) -> BTreeSet<u16> {
+    let out = ns.run(&["conntrack", "-L", "-p", "udp"]);
+    assert!(out.success(), "conntrack -L: {}", out.combined());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let sport = line.split_whitespace().find_map(|field| field.strip_prefix("sport="))?;
+            sport.parse().ok()
+        })
+        .collect()
+}
+
+fn spn(name: &str) -> ServicePortName {
+    ServicePortName::new(NamespacedName::new("ns1", name), "dns", Protocol::Udp)
+}
+
+#[test]
+fn stale_udp_entries_are_deleted_and_live_ones_kept() {
+    require_root!();
+    let ns = Netns::create("ct");
+
+    for flow in FLOWS {
+        insert(&ns, flow);
+    }
+    let all: BTreeSet<u16> = FLOWS.iter().map(|f| f.client_port).collect();
+    assert_eq!(remaining_flows(&ns), all, "inserted entries");
+
+    // State before: dns with two endpoints, late without any, gone with one.
+    let dns = svc("ns1", "dns")
+        .type_("LoadBalancer")
+        .cluster_ip(DNS_CLUSTER_IP)
+        .external_ips(&[DNS_EXTERNAL_IP])
+        .port("dns", "UDP", 53, i32::from(DNS_NODE_PORT))
+        .lb_ingress(&[DNS_LB_IP])
+        .build();
+    let late = svc("ns1", "late")
+        .type_("NodePort")
+        .cluster_ip(LATE_CLUSTER_IP)
+        .port("dns", "UDP", 53, i32::from(LATE_NODE_PORT))
+        .build();
+    let gone = svc("ns1", "gone").cluster_ip(GONE_CLUSTER_IP).udp("dns", 53).build();
+    let dns_before =
+        slice("ns1", "dns", "dns-1").udp("dns", 5353).endpoint(ep(REMOVED_EP)).endpoint(ep(KEPT_EP)).build();
+    let gone_slice = slice("ns1", "gone", "gone-1").udp("dns", 5353).endpoint(ep(GONE_EP)).build();
+
+    let mut services = ServiceChangeTracker::new(IpFamily::V4);
+    let mut endpoints = EndpointChangeTracker::new("node-1", IpFamily::V4);
+    for s in [&dns, &late, &gone] {
+        services.update(None, Some(s));
+    }
+    endpoints.endpoint_slice_update(&dns_before, false);
+    endpoints.endpoint_slice_update(&gone_slice, false);
+    let mut service_map = ServicePortMap::new();
+    let mut endpoints_map = EndpointsMap::new();
+    service_map.update(&mut services);
+    endpoints_map.update(&mut endpoints);
+
+    // The changes of the sync under test.
+    let dns_after = slice("ns1", "dns", "dns-1").udp("dns", 5353).endpoint(ep(KEPT_EP)).build();
+    let late_slice = slice("ns1", "late", "late-1").udp("dns", 5353).endpoint(ep(LATE_EP)).build();
+    endpoints.endpoint_slice_update(&dns_after, false);
+    endpoints.endpoint_slice_update(&late_slice, false);
+    endpoints.endpoint_slice_update(&gone_slice, true);
+    services.update(Some(&gone), None);
+    let svc_result = service_map.update(&mut services);
+    let ep_result = endpoints_map.update(&mut endpoints);
+
+    assert_eq!(svc_result.deleted_udp_cluster_ips, BTreeSet::from([GONE_CLUSTER_IP.to_owned()]));
+    assert_eq!(ep_result.newly_active_udp_services, [spn("late")]);
+    let deleted_dns: Vec<&ServiceEndpoint> =
+        ep_result.deleted_udp_endpoints.iter().filter(|e| e.service_port_name == spn("dns")).collect();
+    assert_eq!(deleted_dns.len(), 1, "{:?}", ep_result.deleted_udp_endpoints);
+    assert_eq!(deleted_dns[0].endpoint, format!("{REMOVED_EP}:{EP_PORT}"));
+
+    let ct = ExecConntrack::new(Arc::new(RealExec)).in_netns(ns.name.clone());
+    let summary = clean_stale_entries(&ct, IpFamily::V4, &service_map, &svc_result, &ep_result);
+    assert_eq!(summary.failures, 0, "{summary:?}");
+
+    let kept: BTreeSet<u16> = FLOWS.iter().filter(|f| !f.stale).map(|f| f.client_port).collect();
+    assert_eq!(remaining_flows(&ns), kept, "entries left after the cleanup");
+
+    // Again: nothing matches any more, and conntrack's "0 flow entries have been deleted"
+    // (exit status 1) is not a failure.
+    let again = clean_stale_entries(&ct, IpFamily::V4, &service_map, &svc_result, &ep_result);
+    assert_eq!(again, CleanupSummary { requests: summary.requests, failures: 0 });
+    assert_eq!(remaining_flows(&ns), kept);
+}
