@@ -479,3 +479,26 @@ fn large_clusters_look_for_stale_chains_once_per_sync_period() {
     sync_at(&mut large, start + second * 40);
     assert_eq!(saves(&large), 2, "after a sync period the next sync saves again");
 }
+
+/// After a successful sync the proxier clears the conntrack entries of UDP endpoints that
+/// went away, and of services that got their first endpoint (upstream CleanStaleEntries).
+#[test]
+fn successful_syncs_clear_stale_udp_conntrack_entries() {
+    use kube_proxy_rs::conntrack::FakeConntrack;
+    let ct = std::sync::Arc::new(FakeConntrack::new());
+    let mut fp = TestProxier::new(IpFamily::V4).with_conntrack(ct.clone());
+    let dns = svc("kube-system", "dns").cluster_ip("172.30.0.10").udp("dns", 53).build();
+    fp.add_services(&[dns]);
+    fp.sync();
+    assert!(ct.command_lines().is_empty(), "no endpoints yet: {:?}", ct.command_lines());
+
+    // First endpoint: entries cached against the REJECT must go.
+    fp.add_slices(&[slice("kube-system", "dns", "dns-1").udp("dns", 5353).ips(&["10.1.0.1", "10.1.0.2"]).build()]);
+    fp.sync();
+    assert_eq!(ct.command_lines(), ["conntrack -D --orig-dst 172.30.0.10 -p udp"]);
+
+    // One endpoint removed: its flows through the cluster IP go.
+    fp.add_slices(&[slice("kube-system", "dns", "dns-1").udp("dns", 5353).ips(&["10.1.0.2"]).build()]);
+    fp.sync();
+    assert_eq!(ct.command_lines()[1..], ["conntrack -D --orig-dst 172.30.0.10 --dst-nat 10.1.0.1 -p udp".to_string()]);
+}

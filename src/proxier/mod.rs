@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::conntrack::{Conntrack, clean_stale_entries};
 use crate::iptables::{self, FlushFlag, Iptables, RestoreCounters, RulePosition, Table};
 use crate::model::NamespacedName;
 use crate::tracker::{
@@ -230,6 +231,8 @@ pub struct Proxier {
     needs_full_sync: bool,
     render_state: render::RenderState,
     last_cleanup: Option<Instant>,
+    /// Clears stale UDP/SCTP conntrack entries after successful syncs; `None` in `render`.
+    conntrack: Option<Arc<dyn Conntrack>>,
 }
 
 impl Proxier {
@@ -249,7 +252,15 @@ impl Proxier {
             needs_full_sync: true,
             render_state: render::RenderState::default(),
             last_cleanup: None,
+            conntrack: None,
         }
+    }
+
+    /// Clears stale conntrack entries through `conntrack` after every successful sync, as
+    /// upstream does at the end of `syncProxyRules`.
+    pub fn with_conntrack(mut self, conntrack: Arc<dyn Conntrack>) -> Self {
+        self.conntrack = Some(conntrack);
+        self
     }
 
     pub fn config(&self) -> &ProxierConfig {
@@ -420,6 +431,15 @@ impl Proxier {
                 self.render_state.commit(&mut rendered);
                 self.needs_full_sync = false;
                 report.payload = rendered.payload;
+                if let Some(ct) = &self.conntrack {
+                    clean_stale_entries(
+                        ct.as_ref(),
+                        self.cfg.render.family,
+                        &self.services,
+                        &report.service_update,
+                        &report.endpoints_update,
+                    );
+                }
                 SyncOutcome::Synced(Box::new(report))
             }
             Err(e) => {

@@ -70,6 +70,12 @@ impl TestProxier {
         TestProxier { proxier, ipt, now: Instant::now() }
     }
 
+    /// The same proxier, clearing stale conntrack entries through `ct`.
+    pub fn with_conntrack(self, ct: Arc<dyn kube_proxy_rs::conntrack::Conntrack>) -> Self {
+        let TestProxier { proxier, ipt, now } = self;
+        TestProxier { proxier: proxier.with_conntrack(ct), ipt, now }
+    }
+
     pub fn add_services(&mut self, services: &[Service]) {
         for s in services {
             self.proxier.on_service_update(None, Some(s));
