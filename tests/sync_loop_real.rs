@@ -80,7 +80,8 @@ async fn flushed_rules_are_repaired_within_one_sync_period() {
         assert!(!programmed(&ns, name));
         let took = wait_for(SYNC_PERIOD * 3, || programmed(&ns, name)).await;
         let took = took.unwrap_or_else(|| panic!("{name}: flushed rules not repaired"));
-        assert!(took <= SYNC_PERIOD + Duration::from_millis(1500), "{name}: repair took {took:?}");
+        // Detection takes at most one sync period (the canary poll); the slack covers the sync.
+        assert!(took <= SYNC_PERIOD + Duration::from_secs(2), "{name}: repair took {took:?}");
 
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(10), task).await.expect("loop stops").expect("loop task");
