@@ -1,6 +1,7 @@
 //! The one integration-test binary (fewer link steps): one module per area.
 
 mod cleanup_cli;
+mod daemon_cli;
 mod golden;
 mod iptables_real;
 mod partial_sync;
