@@ -862,7 +862,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<KubeProxyConfiguration, C
 }
 
 /// Go's `proxyutil.AppendPortIfNeeded`: adds `:port` to a bare IP, leaves anything else.
-fn append_port_if_needed(addr: &str, port: u16) -> String {
+pub(crate) fn append_port_if_needed(addr: &str, port: u16) -> String {
     if split_host_port(addr).is_ok() {
         return addr.to_string();
     }
@@ -1128,7 +1128,7 @@ fn sort_mappings(value: serde_yaml::Value) -> serde_yaml::Value {
 }
 
 /// Go's `net.SplitHostPort`: `host:port` or `[host]:port`; the port may be empty.
-fn split_host_port(input: &str) -> Result<(&str, &str), &'static str> {
+pub(crate) fn split_host_port(input: &str) -> Result<(&str, &str), &'static str> {
     if let Some(rest) = input.strip_prefix('[') {
         let close = rest.find(']').ok_or("missing ']' in address")?;
         let host = &rest[..close];

@@ -11,11 +11,14 @@
 //! EndpointSlices into those maps; [`model`] holds the compact per-port and per-endpoint
 //! records; [`iptables`] is the only place that knows how rules reach the kernel, and [`exec`]
 //! the only place that starts processes. [`runner`] paces syncs; [`cleanup`] is `--cleanup`.
+//! [`cli`] parses upstream's flags, [`options`] merges them with the `--config` file
+//! ([`config`]) the way upstream does, and [`config_watch`] notices when that file changes.
 
 pub mod app;
 pub mod cleanup;
 pub mod cli;
 pub mod config;
+pub mod config_watch;
 pub mod conntrack;
 pub mod exec;
 pub mod health;
@@ -26,6 +29,7 @@ pub mod k8s;
 pub mod manifest;
 pub mod metrics;
 pub mod model;
+pub mod options;
 pub mod proxier;
 pub mod render_cmd;
 pub mod runner;

@@ -1,15 +1,26 @@
 //! Entry point: parse flags, set up logging, dispatch, map errors to exit codes.
+//!
+//! Exit codes: 0 on success; 2 for flags that do not parse (one line naming the flag) and,
+//! for now, for the daemon itself (not implemented yet); 1 for a configuration that parses but
+//! is invalid or unreadable, as upstream kube-proxy (one line per invalid field); `render` keeps
+//! its own codes.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use kube_proxy_rs::cli::{Cli, Command};
+use clap::error::{ContextKind, ErrorKind};
+use kube_proxy_rs::cli::{Cli, Command, DaemonArgs};
+use kube_proxy_rs::config::{KubeProxyConfiguration, LoggingConfig};
+use kube_proxy_rs::options;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     match cli.command {
         Some(Command::Render(args)) => {
+            init_logging(None);
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
             match kube_proxy_rs::render_cmd::run(&args, &mut out) {
@@ -21,29 +32,104 @@ fn main() -> ExitCode {
                 }
             }
         }
-        None if cli.daemon.cleanup => {
-            if kube_proxy_rs::app::cleanup() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
+        None => daemon(&cli.daemon),
+    }
+}
+
+/// Prints a flag parsing error as one line (help and version go through clap as usual).
+fn usage_error(e: &clap::Error) -> ExitCode {
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    // A stray word is taken for a subcommand; say what it usually is instead (`--flag false`).
+    if let Some(word) = e.get(ContextKind::InvalidSubcommand) {
+        eprintln!(
+            "kube-proxy-rs: unexpected argument '{word}': the daemon takes no positional arguments \
+             (give a boolean flag's value as --flag=false; the only subcommand is `render`)"
+        );
+        return ExitCode::from(2);
+    }
+    let text = e.render().to_string();
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+    eprintln!("kube-proxy-rs: {} (see --help)", first.strip_prefix("error: ").unwrap_or(first));
+    ExitCode::from(2)
+}
+
+/// The daemon's command line: resolve the configuration (always, as upstream validates before
+/// doing anything), then `--write-config-to`, `--cleanup`, or the daemon.
+fn daemon(args: &DaemonArgs) -> ExitCode {
+    let cfg = match options::effective_config(args) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            for line in e.to_string().lines() {
+                eprintln!("kube-proxy-rs: {line}");
             }
+            return ExitCode::from(1);
         }
-        None => {
-            eprintln!("kube-proxy-rs: the daemon mode is not implemented yet; see `kube-proxy-rs render --help`");
-            ExitCode::from(2)
+    };
+    init_logging(Some(&cfg.logging));
+    let ignored = options::ignored_flags(args);
+    if !ignored.is_empty() {
+        let flags: Vec<String> = ignored.iter().map(|f| format!("--{f}")).collect();
+        tracing::warn!(
+            flags = %flags.join(" "),
+            "these flags are ignored because --config is given (as upstream does); set the fields in the file"
+        );
+    }
+
+    if let Some(path) = &args.write_config_to {
+        return write_config(&cfg, path);
+    }
+    if args.cleanup {
+        return if kube_proxy_rs::app::cleanup() { ExitCode::SUCCESS } else { ExitCode::from(1) };
+    }
+    if args.init_only {
+        eprintln!("kube-proxy-rs: --init-only is not implemented yet (the configuration is valid)");
+    } else {
+        eprintln!("kube-proxy-rs: the daemon mode is not implemented yet; see `kube-proxy-rs render --help`");
+    }
+    ExitCode::from(2)
+}
+
+fn write_config(cfg: &KubeProxyConfiguration, path: &std::path::Path) -> ExitCode {
+    match options::write_config(cfg, path) {
+        Ok(changed) => {
+            if !changed.is_empty() {
+                tracing::warn!(
+                    fields = %changed.join(", "),
+                    "these zero values will read back as their defaults when the file is used with --config"
+                );
+            }
+            tracing::info!(file = %path.display(), "Wrote configuration");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kube-proxy-rs: {e}");
+            ExitCode::from(1)
         }
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` adjusts the level (default: warnings and errors).
-fn init_logging() {
+/// Logs go to stderr. `RUST_LOG` sets the filter when present; otherwise the daemon's level
+/// follows `-v` (0-1 info, 2-4 debug, 5+ trace) and `render` logs warnings and errors.
+/// `--logging-format=json` writes JSON lines.
+fn init_logging(logging: Option<&LoggingConfig>) {
+    let default_level = match logging.map(|l| l.verbosity) {
+        None => "warn",
+        Some(0..=1) => "info",
+        Some(2..=4) => "debug",
+        Some(_) => "trace",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(ansi)
-        .init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    if logging.is_some_and(|l| l.format == "json") {
+        builder.json().init();
+    } else {
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        builder.with_ansi(ansi).init();
+    }
 }
