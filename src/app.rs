@@ -49,3 +49,245 @@ pub fn cleanup() -> bool {
     }
     ok
 }
+
+/// Why the daemon stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("failed to create the Kubernetes client: {0}")]
+    Client(String),
+    #[error(transparent)]
+    Daemon(#[from] crate::daemon::DaemonError),
+    #[error("failed to bind {what} on {addr}: {reason}")]
+    Bind { what: &'static str, addr: std::net::SocketAddr, reason: String },
+    #[error("failed to start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("{0}")]
+    ConfigChanged(String),
+}
+
+/// The OS hostname as upstream's `GetHostname` normalises it.
+pub fn os_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_lowercase()
+}
+
+/// The daemon: builds everything from the effective configuration and runs until SIGTERM or
+/// SIGINT (rules stay in place), or until the `--config` file changes (exit with a message so
+/// the DaemonSet restarts it).
+pub fn run_daemon(
+    cfg: &crate::config::KubeProxyConfiguration,
+    config_path: Option<&std::path::Path>,
+    master: Option<&str>,
+) -> Result<(), AppError> {
+    let settings = crate::config::Settings::from_config(cfg)
+        .map_err(|errs| AppError::Config(errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(AppError::Runtime)?;
+    let config_json = serde_json::to_value(cfg).unwrap_or(serde_json::Value::Null);
+    runtime.block_on(daemon_main(
+        settings,
+        config_json,
+        config_path.map(|p| p.to_path_buf()),
+        master.map(str::to_string),
+    ))
+}
+
+async fn kube_client(settings: &crate::config::Settings, master: Option<String>) -> Result<kube::Client, AppError> {
+    let mut config = match &settings.client.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| AppError::Client(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| AppError::Client(e.to_string()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| AppError::Client(e.to_string()))?,
+    };
+    if let Some(m) = master {
+        config.cluster_url = m.parse().map_err(|e| AppError::Client(format!("--master {m}: {e}")))?;
+    }
+    kube::Client::try_from(config).map_err(|e| AppError::Client(e.to_string()))
+}
+
+/// Upstream waits for its Node for a while to learn the node IPs; so do we (about 30 s).
+async fn fetch_node(client: &kube::Client, name: &str) -> Option<k8s_openapi::api::core::v1::Node> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let mut delay = Duration::from_millis(500);
+    for _ in 0..8 {
+        match api.get_opt(name).await {
+            Ok(Some(node)) => return Some(node),
+            Ok(None) => tracing::info!(node = name, "node not found yet"),
+            Err(e) => tracing::info!(node = name, error = %e, "failed to get node"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(8));
+    }
+    tracing::warn!(node = name, "could not get this node; assuming loopback node IPs (set --bind-address if wrong)");
+    None
+}
+
+async fn bind_or_retry(
+    what: &'static str,
+    addr: std::net::SocketAddr,
+    hard_fail: bool,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<Option<tokio::net::TcpListener>, AppError> {
+    loop {
+        match crate::http::bind(addr).await {
+            Ok(l) => return Ok(Some(l)),
+            Err(e) if hard_fail => return Err(AppError::Bind { what, addr, reason: e.to_string() }),
+            Err(e) => tracing::error!(what, %addr, error = %e, "failed to bind; retrying in 5s"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
+async fn daemon_main(
+    settings: crate::config::Settings,
+    config_json: serde_json::Value,
+    config_path: Option<std::path::PathBuf>,
+    master: Option<String>,
+) -> Result<(), AppError> {
+    use crate::daemon::{Daemon, DaemonDeps, service_health_server};
+    use tokio_util::sync::CancellationToken;
+
+    let shutdown = CancellationToken::new();
+    // Watch the config file from before anything else is read.
+    let watcher = match &config_path {
+        Some(p) => crate::config_watch::ConfigWatcher::new(p, Duration::from_secs(2)).ok(),
+        None => None,
+    };
+    let client = kube_client(&settings, master).await?;
+    let hostname = settings.hostname_override.clone().unwrap_or_else(os_hostname);
+    tracing::info!(hostname = %hostname, "starting kube-proxy-rs");
+    let node = fetch_node(&client, &hostname).await;
+
+    let exec: Arc<dyn Exec> = Arc::new(RealExec);
+    let mut runners = iptables_runners(exec.clone()).into_iter();
+    let v4: Arc<dyn Iptables> = Arc::new(runners.next().ok_or_else(|| AppError::Config("no iptables runner".into()))?);
+    let v6: Arc<dyn Iptables> = Arc::new(runners.next().ok_or_else(|| AppError::Config("no ip6tables runner".into()))?);
+    let sysctl: Arc<dyn crate::sysctl::Sysctl> = Arc::new(crate::sysctl::ProcSysctl::new());
+    let interfaces: Arc<dyn crate::proxier::NetworkInterfaces> = Arc::new(HostInterfaces);
+    if let Err(e) = crate::sysctl::apply_conntrack_settings(
+        sysctl.as_ref(),
+        &crate::sysctl::RealConntrackSysfs::default(),
+        &settings.conntrack,
+        crate::sysctl::detect_num_cpu(),
+    ) {
+        tracing::error!(error = %e, "failed to apply conntrack settings");
+    }
+    let deps = DaemonDeps {
+        iptables_v4: Some(v4),
+        iptables_v6: Some(v6),
+        sysctl,
+        interfaces: interfaces.clone(),
+        conntrack: Some(Arc::new(crate::conntrack::ExecConntrack::new(exec))),
+    };
+    let daemon = Daemon::build(&settings, hostname.clone(), node.as_ref(), &deps)?;
+
+    let mut servers = Vec::new();
+    if let Some(addr) = settings.healthz_bind_address
+        && let Some(l) = bind_or_retry("healthz server", addr, settings.bind_address_hard_fail, &shutdown).await?
+    {
+        servers.push(tokio::spawn(daemon.health.clone().serve(l, shutdown.clone())));
+    }
+    if let Some(addr) = settings.metrics_bind_address {
+        let server = crate::health::MetricsServer::new(daemon.metrics.clone(), &config_json)
+            .map_err(|e| AppError::Config(e.to_string()))?;
+        if let Some(l) = bind_or_retry("metrics server", addr, settings.bind_address_hard_fail, &shutdown).await? {
+            servers.push(tokio::spawn(Arc::new(server).serve(l, shutdown.clone())));
+        }
+    }
+    let service_health =
+        service_health_server(&daemon, interfaces.as_ref(), tokio::runtime::Handle::current(), shutdown.clone());
+
+    let set = daemon.proxier_set();
+    let health = daemon.health.clone();
+    let on_node: crate::k8s::watch::NodeCallback = Arc::new(move |n| {
+        if let Some(n) = n {
+            health.sync_node(n);
+        }
+    });
+    let watches = tokio::spawn(crate::k8s::watch::run(client, hostname, set, on_node, shutdown.clone()));
+    let loops = tokio::spawn(daemon.run_loops(shutdown.clone(), Some(service_health)));
+
+    let reason = wait_for_stop(watcher.as_ref(), &shutdown).await;
+    shutdown.cancel();
+    let stopped = async {
+        let _ = loops.await;
+        let _ = watches.await;
+        for s in servers {
+            let _ = s.await;
+        }
+    };
+    if tokio::time::timeout(crate::daemon::SHUTDOWN_GRACE, stopped).await.is_err() {
+        tracing::warn!("shutdown grace period over; exiting with tasks still running");
+    }
+    tracing::info!("stopped; service rules left in place");
+    match reason {
+        Some(msg) => Err(AppError::ConfigChanged(msg)),
+        None => Ok(()),
+    }
+}
+
+/// Waits for SIGTERM/SIGINT (→ `None`) or a config file change (→ its message).
+async fn wait_for_stop(
+    watcher: Option<&crate::config_watch::ConfigWatcher>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Option<String> {
+    let config_changed = async {
+        match watcher {
+            Some(w) => w.changed(shutdown).await.map(|c| format!("{c:?}")),
+            None => std::future::pending().await,
+        }
+    };
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            return config_changed.await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => { tracing::info!("received SIGTERM; shutting down"); None }
+        _ = tokio::signal::ctrl_c() => { tracing::info!("received SIGINT; shutting down"); None }
+        msg = config_changed => msg.map(|m| format!("configuration file changed ({m}); exiting so it is reloaded")),
+    }
+}
+
+/// The host's interface addresses, read from `/proc`: IPv4 from the local entries of the
+/// kernel's FIB (`/proc/net/fib_trie`), IPv6 from `/proc/net/if_inet6`.
+struct HostInterfaces;
+
+impl crate::proxier::NetworkInterfaces for HostInterfaces {
+    fn interface_addrs(&self) -> std::io::Result<Vec<std::net::IpAddr>> {
+        let mut out = Vec::new();
+        // IPv4: "local" entries of the main FIB (/proc/net/fib_trie lists /32 host LOCAL).
+        let trie = std::fs::read_to_string("/proc/net/fib_trie").unwrap_or_default();
+        let mut last: Option<std::net::IpAddr> = None;
+        for line in trie.lines() {
+            let t = line.trim_start();
+            if let Some(rest) = t.strip_prefix("|-- ") {
+                last = rest.trim().parse().ok();
+            } else if t.starts_with("/32 host LOCAL")
+                && let Some(ip) = last
+                && !out.contains(&ip)
+            {
+                out.push(ip);
+            }
+        }
+        // IPv6: /proc/net/if_inet6, 32 hex digits per address.
+        let v6 = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+        for line in v6.lines() {
+            if let Some(hex) = line.split_whitespace().next()
+                && hex.len() == 32
+                && let Ok(v) = u128::from_str_radix(hex, 16)
+            {
+                out.push(std::net::IpAddr::V6(std::net::Ipv6Addr::from(v)));
+            }
+        }
+        Ok(out)
+    }
+}

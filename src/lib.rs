@@ -20,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod config_watch;
 pub mod conntrack;
+pub mod daemon;
 pub mod exec;
 pub mod health;
 pub mod healthcheck;

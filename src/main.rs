@@ -88,10 +88,16 @@ fn daemon(args: &DaemonArgs) -> ExitCode {
     }
     if args.init_only {
         eprintln!("kube-proxy-rs: --init-only is not implemented yet (the configuration is valid)");
-    } else {
-        eprintln!("kube-proxy-rs: the daemon mode is not implemented yet; see `kube-proxy-rs render --help`");
+        return ExitCode::from(2);
     }
-    ExitCode::from(2)
+    match kube_proxy_rs::app::run_daemon(&cfg, args.config.as_deref(), args.master.as_deref()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "kube-proxy-rs stopped");
+            eprintln!("kube-proxy-rs: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn write_config(cfg: &KubeProxyConfiguration, path: &std::path::Path) -> ExitCode {

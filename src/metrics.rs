@@ -473,6 +473,7 @@ mod tests {
             service_update: ServiceUpdateResult::default(),
             endpoints_update: EndpointsUpdateResult::default(),
             result,
+            elapsed: Duration::ZERO,
             retry_after: None,
         }
     }

@@ -300,10 +300,14 @@ fn config_file_takes_precedence_over_config_flags() {
 }
 
 #[test]
-fn daemon_mode_still_reports_not_implemented_after_validating() {
-    let out = run(&["--masquerade-all"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("daemon mode is not implemented yet"), "{}", stderr(&out));
+fn daemon_without_a_cluster_fails_clearly_after_validating() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
+        .args(["--masquerade-all", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("failed to create the Kubernetes client"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("/nonexistent/kubeconfig"), "{}", stderr(&out));
     let out = run(&["--init-only"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--init-only is not implemented yet"), "{}", stderr(&out));

@@ -2,6 +2,7 @@
 
 mod cleanup_cli;
 mod conntrack_real;
+mod daemon_assembly;
 mod daemon_cli;
 mod golden;
 mod iptables_real;

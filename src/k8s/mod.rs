@@ -10,6 +10,7 @@
 pub mod watch;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -32,34 +33,65 @@ pub const WATCH_LABEL_SELECTOR: &str = "!service.kubernetes.io/service-proxy-nam
 /// The proxiers (one per IP family) fed by the same watches, with their sync triggers.
 #[derive(Clone)]
 pub struct ProxierSet {
-    members: Vec<(SharedProxier, RunnerHandle)>,
+    members: Vec<Member>,
+}
+
+/// A hook run whenever a sync is requested (health's queued update, metrics).
+pub type QueuedHook = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Clone)]
+struct Member {
+    proxier: SharedProxier,
+    handle: RunnerHandle,
+    queued: Option<QueuedHook>,
+}
+
+impl Member {
+    fn request_sync(&self) {
+        if let Some(q) = &self.queued {
+            q();
+        }
+        self.handle.run();
+    }
 }
 
 impl ProxierSet {
     pub fn new(members: Vec<(SharedProxier, RunnerHandle)>) -> Self {
-        ProxierSet { members }
+        ProxierSet {
+            members: members.into_iter().map(|(proxier, handle)| Member { proxier, handle, queued: None }).collect(),
+        }
+    }
+
+    /// Like [`ProxierSet::new`], with a hook per proxier run when a sync is requested.
+    pub fn with_queued_hooks(members: Vec<(SharedProxier, RunnerHandle, QueuedHook)>) -> Self {
+        ProxierSet {
+            members: members
+                .into_iter()
+                .map(|(proxier, handle, queued)| Member { proxier, handle, queued: Some(queued) })
+                .collect(),
+        }
     }
 
     /// Applies `f` to every proxier; asks for a sync where it says so.
     fn each(&self, f: impl Fn(&mut Proxier) -> bool) {
-        for (proxier, handle) in &self.members {
-            let wants_sync = f(&mut lock(proxier));
+        for m in &self.members {
+            let wants_sync = f(&mut lock(&m.proxier));
             if wants_sync {
-                handle.run();
+                m.request_sync();
             }
         }
     }
 
     /// Marks one kind as listed; the first sync runs once both kinds are.
     fn synced(&self, f: impl Fn(&mut Proxier)) {
-        for (proxier, handle) in &self.members {
+        for m in &self.members {
             let initialized = {
-                let mut p = lock(proxier);
+                let mut p = lock(&m.proxier);
                 f(&mut p);
                 p.is_initialized()
             };
             if initialized {
-                handle.run();
+                m.request_sync();
             }
         }
     }

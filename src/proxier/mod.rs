@@ -206,6 +206,8 @@ pub struct SyncReport {
     /// `retry_after`.
     pub result: Result<(), SyncError>,
     pub retry_after: Option<Duration>,
+    /// How long the sync took (for the latency metrics).
+    pub elapsed: Duration,
 }
 
 /// Settings of one proxier (one IP family).
@@ -350,6 +352,7 @@ impl Proxier {
             return SyncOutcome::NotInitialized;
         }
         let try_partial = !self.needs_full_sync;
+        let started = Instant::now();
         let service_update = self.services.update(&mut self.service_changes);
         let endpoints_update = self.endpoints.update(&mut self.endpoint_changes);
 
@@ -361,10 +364,12 @@ impl Proxier {
             endpoints_update,
             result: Ok(()),
             retry_after: None,
+            elapsed: Duration::ZERO,
         };
 
         if !try_partial {
             if let Err(e) = self.ensure_jump_chains() {
+                report.elapsed = started.elapsed();
                 return SyncOutcome::Synced(Box::new(self.failed(report, e)));
             }
             self.render_state.reset();
@@ -440,6 +445,7 @@ impl Proxier {
                         &report.endpoints_update,
                     );
                 }
+                report.elapsed = started.elapsed();
                 SyncOutcome::Synced(Box::new(report))
             }
             Err(e) => {
@@ -451,6 +457,7 @@ impl Proxier {
                     .unwrap_or_default();
                 report.payload = rendered.payload;
                 let err = SyncError::Restore { source: e, context };
+                report.elapsed = started.elapsed();
                 SyncOutcome::Synced(Box::new(self.failed(report, err)))
             }
         }

@@ -1,0 +1,237 @@
+//! The daemon's assembly: one proxier per IP family the node supports, their sync loops,
+//! the health and metrics servers, service health-check ports, and the hooks that connect
+//! them (upstream `newProxyServer` / `createProxier` / `Run`).
+//!
+//! [`Daemon::build`] takes every side effect as a dependency ([`DaemonDeps`]) so the assembly
+//! is tested with fakes; [`run`] wires the real ones, the API watches and the servers.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Node;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{DetectLocal, Settings};
+use crate::conntrack::Conntrack;
+use crate::health::{ProxierHealthServer, SystemClock};
+use crate::healthcheck::{ServiceHealthServer, listen_addresses};
+use crate::iptables::Iptables;
+use crate::k8s::ProxierSet;
+use crate::metrics::Metrics;
+use crate::model::IpFamily;
+use crate::model::node::{NodeInfo, NodeIps};
+use crate::proxier::local_detect::LocalDetector;
+use crate::proxier::nodeport_addresses::NodePortAddresses;
+use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, SyncReport};
+use crate::sync_loop::{SharedProxier, SyncLoop, lock};
+use crate::sysctl::{Sysctl, conntrack_tcp_be_liberal, ensure_route_localnet};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("no iptables support for the node's primary IP family {0}")]
+    PrimaryFamilyUnsupported(IpFamily),
+    #[error("failed to set up sysctl {name}: {reason}")]
+    Sysctl { name: &'static str, reason: String },
+    #[error("failed to create the sync loop: {0}")]
+    Runner(#[from] crate::runner::RunnerError),
+    #[error("failed to create metrics: {0}")]
+    Metrics(String),
+}
+
+/// The side effects the daemon is built on.
+pub struct DaemonDeps {
+    /// iptables per family (absent or not `present()`: that family is not supported).
+    pub iptables_v4: Option<Arc<dyn Iptables>>,
+    pub iptables_v6: Option<Arc<dyn Iptables>>,
+    pub sysctl: Arc<dyn Sysctl>,
+    pub interfaces: Arc<dyn NetworkInterfaces>,
+    pub conntrack: Option<Arc<dyn Conntrack>>,
+}
+
+/// One family's proxier and its loop (before the loop runs).
+pub struct FamilyProxier {
+    pub family: IpFamily,
+    pub proxier: SharedProxier,
+    pub sync_loop: SyncLoop,
+}
+
+/// The assembled daemon, ready to run.
+pub struct Daemon {
+    pub hostname: String,
+    pub families: Vec<FamilyProxier>,
+    pub health: Arc<ProxierHealthServer>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Daemon {
+    /// Decides the families (the node's primary one must be supported; both when both are:
+    /// dual stack), sets the sysctls the rules depend on, and builds a proxier per family.
+    pub fn build(
+        settings: &Settings,
+        hostname: String,
+        node: Option<&Node>,
+        deps: &DaemonDeps,
+    ) -> Result<Daemon, DaemonError> {
+        let node_info = node.map(NodeInfo::from_node).unwrap_or_default();
+        let node_ips = NodeIps::detect(&node_info.host_ips, Some(settings.bind_address));
+        let supported = |ipt: &Option<Arc<dyn Iptables>>| ipt.as_ref().filter(|i| i.present()).cloned();
+        let v4 = supported(&deps.iptables_v4);
+        let v6 = supported(&deps.iptables_v6);
+        let primary_ok = match node_ips.primary {
+            IpFamily::V4 => v4.is_some(),
+            IpFamily::V6 => v6.is_some(),
+        };
+        if !primary_ok {
+            return Err(DaemonError::PrimaryFamilyUnsupported(node_ips.primary));
+        }
+        let mut families: Vec<(IpFamily, Arc<dyn Iptables>)> = Vec::new();
+        if v4.is_some() && v6.is_some() {
+            tracing::info!(primary = %node_ips.primary, "running in dual-stack mode");
+        } else {
+            tracing::info!(family = %node_ips.primary, "running in single-stack mode");
+        }
+        for (family, ipt) in [(IpFamily::V4, v4), (IpFamily::V6, v6)] {
+            if let Some(ipt) = ipt {
+                families.push((family, ipt));
+            }
+        }
+
+        let metrics = Arc::new(Metrics::new().map_err(|e| DaemonError::Metrics(e.to_string()))?);
+        let health =
+            Arc::new(ProxierHealthServer::new(settings.sync_period * 2, Arc::new(SystemClock), Some(metrics.clone())));
+        let tcp_liberal = conntrack_tcp_be_liberal(deps.sysctl.as_ref());
+        let node_port_cidrs =
+            NodePortAddresses::resolve_primary(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
+
+        let mut built = Vec::new();
+        for (family, ipt) in families {
+            let node_port_addresses = NodePortAddresses::new(family, &node_port_cidrs);
+            let localhost_nodeports =
+                family == IpFamily::V4 && settings.localhost_nodeports && node_port_addresses.contains_ipv4_loopback();
+            if localhost_nodeports {
+                ensure_route_localnet(deps.sysctl.as_ref()).map_err(|e| DaemonError::Sysctl {
+                    name: "net/ipv4/conf/all/route_localnet",
+                    reason: e.to_string(),
+                })?;
+            }
+            if settings.detect_local == DetectLocal::NodeCidr && node_info.pod_cidrs.is_empty() {
+                tracing::warn!("detect-local-mode NodeCIDR but the node has no podCIDRs yet; using no local detector");
+            }
+            let render = RenderConfig {
+                family,
+                masquerade_all: settings.masquerade_all,
+                masquerade_mark: settings.masquerade_mark.clone(),
+                localhost_nodeports,
+                local_detector: LocalDetector::from_mode(&settings.detect_local, family, &node_info.pod_cidrs),
+                node_ip: Some(node_ips.get(family)),
+                node_port_addresses,
+                random_fully: ipt.has_random_fully(),
+                conntrack_tcp_liberal: tcp_liberal,
+            };
+            let cfg = ProxierConfig { render, hostname: hostname.clone(), sync_period: settings.sync_period };
+            let mut proxier = Proxier::new(cfg, ipt.clone(), deps.interfaces.clone());
+            if let Some(ct) = &deps.conntrack {
+                proxier = proxier.with_conntrack(ct.clone());
+            }
+            if let Some(node) = node {
+                proxier.on_node_update(Some(node));
+            }
+            let proxier = Arc::new(std::sync::Mutex::new(proxier));
+            let sync_loop = SyncLoop::new(proxier.clone(), ipt, settings.min_sync_period, settings.sync_period)?;
+            // Upstream marks each family healthy when its loop starts.
+            health.updated(family);
+            built.push(FamilyProxier { family, proxier, sync_loop });
+        }
+        if let Some(node) = node {
+            health.sync_node(node);
+        }
+        Ok(Daemon { hostname, families: built, health, metrics })
+    }
+
+    /// The proxiers as the watches feed them; asking for a sync also records a queued update
+    /// (health and metrics).
+    pub fn proxier_set(&self) -> ProxierSet {
+        let members = self
+            .families
+            .iter()
+            .map(|f| {
+                let health = self.health.clone();
+                let metrics = self.metrics.clone();
+                let family = f.family;
+                let queued: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                    health.queued_update(family);
+                    metrics.sync_queued(SystemTime::now());
+                });
+                (f.proxier.clone(), f.sync_loop.handle(), queued)
+            })
+            .collect();
+        ProxierSet::with_queued_hooks(members)
+    }
+
+    /// Runs the sync loops until `shutdown`; every sync is recorded in metrics and health,
+    /// and successful ones update the service health checks (when given).
+    pub async fn run_loops(self, shutdown: CancellationToken, service_health: Option<Arc<ServiceHealthServer>>) {
+        let all: Vec<SharedProxier> = self.families.iter().map(|f| f.proxier.clone()).collect();
+        let mut tasks = Vec::new();
+        for f in self.families {
+            let health = self.health.clone();
+            let metrics = self.metrics.clone();
+            let service_health = service_health.clone();
+            let all = all.clone();
+            let family = f.family;
+            let on_report = move |report: &SyncReport| {
+                metrics.record_sync(report, report.elapsed, SystemTime::now());
+                if report.result.is_ok() {
+                    health.updated(family);
+                    if let Some(sh) = &service_health {
+                        sync_service_health(sh, &all);
+                    }
+                }
+            };
+            tasks.push(tokio::spawn(f.sync_loop.run(shutdown.clone(), on_report)));
+        }
+        for t in tasks {
+            if let Err(e) = t.await {
+                tracing::error!(error = %e, "sync loop task failed");
+            }
+        }
+    }
+}
+
+/// Health-check node ports and local ready endpoints over all families (a dual-stack
+/// Service appears in both; a single-family one in its own).
+fn sync_service_health(server: &ServiceHealthServer, proxiers: &[SharedProxier]) {
+    let mut ports = BTreeMap::new();
+    let mut local = BTreeMap::new();
+    for p in proxiers {
+        let p = lock(p);
+        ports.extend(p.services().health_check_node_ports());
+        for (svc, n) in p.endpoints().local_ready_endpoints() {
+            let e = local.entry(svc).or_insert(0);
+            *e = std::cmp::max(*e, n);
+        }
+    }
+    for err in server.sync_services(&ports) {
+        tracing::warn!(error = %err, "failed to start service health check; retrying on the next sync");
+    }
+    server.sync_endpoints(&local);
+}
+
+/// The service health-check server listening on the node-port addresses of all families.
+pub fn service_health_server(
+    daemon: &Daemon,
+    interfaces: &dyn NetworkInterfaces,
+    runtime: tokio::runtime::Handle,
+    shutdown: CancellationToken,
+) -> Arc<ServiceHealthServer> {
+    let npas: Vec<NodePortAddresses> =
+        daemon.families.iter().map(|f| lock(&f.proxier).config().render.node_port_addresses.clone()).collect();
+    let refs: Vec<&NodePortAddresses> = npas.iter().collect();
+    let ips: Vec<IpAddr> = listen_addresses(&refs, interfaces);
+    Arc::new(ServiceHealthServer::new(daemon.hostname.clone(), ips, daemon.health.clone(), runtime, shutdown))
+}
+
+/// How long the daemon waits for the loops to stop after shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
