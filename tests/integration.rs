@@ -5,6 +5,7 @@ mod conntrack_real;
 mod golden;
 mod iptables_real;
 mod k8s_events;
+mod k8s_watch;
 mod partial_sync;
 mod render_cli;
 mod render_restore;
