@@ -13,7 +13,7 @@ use kube_proxy_rs::k8s::watch::{self, NodeCallback};
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces, SyncOutcome};
 use kube_proxy_rs::runner::BoundedFrequencyRunner;
-use kube_proxy_rs::sync_loop::{SharedProxier, lock};
+use kube_proxy_rs::sync_loop::{SharedProxier, SyncLoop, lock};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -323,6 +323,68 @@ async fn events_are_recorded() {
         let recorded = server.events();
         assert_eq!(recorded.len(), 1);
         assert_eq!(recorded[0]["reason"], "Starting");
+    })
+    .await;
+}
+
+/// Waits (bounded) until the rules, without the sync loop's canary chains, are `expected`.
+async fn wait_rules(ipt: &FakeIptables, expected: &str) {
+    let rules =
+        || ipt.save_all().lines().filter(|l| !l.contains("KUBE-PROXY-CANARY")).map(|l| format!("{l}\n")).collect();
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    loop {
+        let actual: String = rules();
+        if actual == expected {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            assert_rules_eq(expected, &actual);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The production wiring: `watch::run` feeding a proxier that its real `SyncLoop` syncs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_loop_follows_the_api_through_cut_connections() {
+    bounded(async {
+        let server = ApiServer::start().await;
+        populate(&server);
+        let ipt = Arc::new(FakeIptables::new(IpFamily::V4));
+        let cfg = ProxierConfig {
+            render: upstream_render_config(IpFamily::V4),
+            hostname: TEST_NODE_NAME.into(),
+            sync_period: Duration::from_secs(30),
+        };
+        let proxier =
+            Arc::new(Mutex::new(Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces())))));
+        let sync_loop = SyncLoop::new(proxier, ipt.clone(), Duration::from_millis(100), Duration::from_secs(30))
+            .expect("sync loop");
+        let set = ProxierSet::new(vec![(sync_loop.proxier(), sync_loop.handle())]);
+        let shutdown = CancellationToken::new();
+        let on_node: NodeCallback = Arc::new(|_: Option<&Node>| {});
+        let loop_task = tokio::spawn(sync_loop.run(shutdown.clone(), |_| {}));
+        let watch_task =
+            tokio::spawn(watch::run(server.client(), TEST_NODE_NAME.into(), set, on_node, shutdown.clone()));
+
+        let expected = reference(&[web("172.30.0.1"), api()], &[web_slice(&["10.1.0.1"]), api_slice()]);
+        wait_rules(&ipt, &expected).await;
+
+        // The connections drop mid-stream; the changes land before the watches are back.
+        server.stall(Duration::from_millis(500));
+        server.cut_watches();
+        server.create(&db());
+        server.create(&db_slice());
+        server.delete(&api());
+        server.delete(&api_slice());
+        server.update(&web_slice(&["10.1.0.7"]));
+        let expected = reference(&[web("172.30.0.1"), db()], &[web_slice(&["10.1.0.7"]), db_slice()]);
+        wait_rules(&ipt, &expected).await;
+
+        shutdown.cancel();
+        for task in [loop_task, watch_task] {
+            tokio::time::timeout(Duration::from_secs(10), task).await.expect("stops on shutdown").expect("task");
+        }
     })
     .await;
 }

@@ -23,7 +23,8 @@
 //!
 //! The test drives the server through [`ApiServer`]'s methods: [`ApiServer::create`],
 //! [`ApiServer::update`] and [`ApiServer::delete`] bump the global resource version and notify
-//! watchers; [`ApiServer::close_watches`] ends every open watch stream;
+//! watchers; [`ApiServer::close_watches`] ends every open watch stream cleanly and
+//! [`ApiServer::cut_watches`] cuts their connections;
 //! [`ApiServer::compact`] expires every older resource version; [`ApiServer::fail_next`]
 //! answers the next requests with an error status; [`ApiServer::stall`] delays requests.
 
@@ -48,7 +49,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What a watch stream is sent.
+enum Msg {
+    Data(Bytes),
+    /// End the stream with an error: the connection is cut mid-body.
+    Cut,
+}
 
 /// The resource kinds the server serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -198,7 +207,7 @@ impl Change {
 
 struct Watcher {
     filter: Filter,
-    tx: mpsc::UnboundedSender<Bytes>,
+    tx: mpsc::UnboundedSender<Msg>,
 }
 
 type ObjKey = (Kind, String, String);
@@ -344,6 +353,14 @@ impl ApiServer {
         self.shared.lock().watchers.clear();
     }
 
+    /// Cuts every open watch connection mid-body (no final chunk), as a network failure would.
+    pub fn cut_watches(&self) {
+        let mut st = self.shared.lock();
+        for w in st.watchers.drain(..) {
+            let _ = w.tx.send(Msg::Cut);
+        }
+    }
+
     /// Expires every resource version handed out so far: the next watch from any of them gets
     /// a 410 Gone `ERROR` event, so only a re-list (at a newer version) recovers. Also ends
     /// open watches, as an apiserver restart would.
@@ -361,7 +378,7 @@ impl ApiServer {
         let rv = st.rv;
         st.watchers.retain(|w| {
             let bm = bookmark(w.filter.kind, rv, false);
-            w.tx.send(line(&bm)).is_ok()
+            w.tx.send(Msg::Data(line(&bm))).is_ok()
         });
     }
 
@@ -422,7 +439,7 @@ impl State {
         };
         let change = Change { rv, kind, old, new };
         self.watchers.retain(|w| match change.event_for(&w.filter) {
-            Some(event) => w.tx.send(line(&event)).is_ok(),
+            Some(event) => w.tx.send(Msg::Data(line(&event))).is_ok(),
             None => !w.tx.is_closed(),
         });
         self.history.push(change);
@@ -457,7 +474,7 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
 }
 
 fn full(v: &Value) -> Body {
-    Full::new(Bytes::from(v.to_string())).boxed_unsync()
+    Full::new(Bytes::from(v.to_string())).map_err(|never| match never {}).boxed_unsync()
 }
 
 fn json_response(code: u16, v: &Value) -> Response<Body> {
@@ -571,16 +588,16 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
     let initial_events = query.get("sendInitialEvents").is_some_and(|b| b == "true");
     let rv_param = query.get("resourceVersion").cloned().unwrap_or_default();
-    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let (tx, rx) = mpsc::unbounded_channel::<Msg>();
     {
         let mut st = shared.lock();
         let from_scratch = rv_param.is_empty() || rv_param == "0" || initial_events;
         if from_scratch {
             for (_, v) in st.objects.iter().filter(|(k, v)| k.0 == kind && filter.matches(v)) {
-                let _ = tx.send(line(&json!({"type": "ADDED", "object": v})));
+                let _ = tx.send(Msg::Data(line(&json!({"type": "ADDED", "object": v}))));
             }
             if initial_events && bookmarks {
-                let _ = tx.send(line(&bookmark(kind, st.rv, true)));
+                let _ = tx.send(Msg::Data(line(&bookmark(kind, st.rv, true))));
             }
         } else {
             let Ok(from) = rv_param.parse::<u64>() else {
@@ -590,20 +607,24 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 st.expired += 1;
                 let gone = status(410, "Expired", &format!("too old resource version: {from} ({})", st.compacted));
                 let body = line(&json!({"type": "ERROR", "object": gone}));
-                return stream_response(StreamBody::new(futures::stream::iter([Ok(Frame::data(body))])).boxed_unsync());
+                return stream_response(
+                    StreamBody::new(futures::stream::iter([Ok::<_, BoxError>(Frame::data(body))])).boxed_unsync(),
+                );
             }
             for change in st.history.iter().filter(|c| c.rv > from) {
                 if let Some(event) = change.event_for(&filter) {
-                    let _ = tx.send(line(&event));
+                    let _ = tx.send(Msg::Data(line(&event)));
                 }
             }
         }
         st.watchers.push(Watcher { filter, tx });
     }
     let deadline = Instant::now() + Duration::from_secs(timeout);
-    let stream = futures::stream::unfold(rx, move |mut rx| async move {
+    let stream = futures::stream::unfold(Some(rx), move |rx| async move {
+        let mut rx = rx?;
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(bytes)) => Some((Ok::<_, Infallible>(Frame::data(bytes)), rx)),
+            Ok(Some(Msg::Data(bytes))) => Some((Ok::<_, BoxError>(Frame::data(bytes)), Some(rx))),
+            Ok(Some(Msg::Cut)) => Some((Err(BoxError::from("watch cut by the test")), None)),
             _ => None,
         }
     });
