@@ -161,10 +161,10 @@ async fn syncs_only_after_both_lists() {
         let server = ApiServer::start().await;
         populate(&server);
         // Hold the slice list back so the service list is in alone for a while.
-        server.stall_of(Kind::EndpointSlice, Duration::from_millis(1500));
+        server.stall_of(Kind::EndpointSlice, Duration::from_secs(3));
         let mut rig = Rig::start(&server);
         wait_for("the service watch", || server.open_watches(Kind::Service) > 0).await;
-        assert_eq!(list_requests(&server, Kind::EndpointSlice), 1, "the slice list is in flight");
+        wait_for("the slice list", || list_requests(&server, Kind::EndpointSlice) > 0).await;
         assert_eq!(server.open_watches(Kind::EndpointSlice), 0);
         assert_eq!(rig.sync(), None, "services listed, slices not: no sync yet");
 
