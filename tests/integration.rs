@@ -7,6 +7,7 @@ mod daemon_cli;
 mod golden;
 mod iptables_real;
 mod k8s_events;
+mod k8s_watch;
 mod partial_sync;
 mod render_cli;
 mod render_restore;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod fixtures;
 pub mod harness;
 pub mod netns;

@@ -1,0 +1,638 @@
+//! A small in-process Kubernetes API server for the watch tests: plain HTTP on
+//! `127.0.0.1:0`, serving what kube-runtime's `watcher` asks of Services, Nodes and
+//! EndpointSlices, plus event POSTs.
+//!
+//! Supported requests:
+//! - LIST `GET /api/v1/services`, `/api/v1/nodes`, `/apis/discovery.k8s.io/v1/endpointslices`
+//!   (and the namespaced `/api/v1/namespaces/{ns}/services`,
+//!   `/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices`): a `<Kind>List` with
+//!   `metadata.resourceVersion` = the current global resource version. `labelSelector`
+//!   (`key`, `!key`, `key=v`, `key==v`, `key!=v`) and `fieldSelector` (`metadata.name`,
+//!   `metadata.namespace` with `=`, `==`, `!=`) are honoured; `limit`, `continue`,
+//!   `resourceVersion` and `resourceVersionMatch` are accepted and ignored: the answer is
+//!   always one page of the current state.
+//! - WATCH (the same paths with `watch=true`, `resourceVersion=N`, `timeoutSeconds`,
+//!   `allowWatchBookmarks`, selectors): newline-delimited `{"type","object"}` events after N,
+//!   replayed from the history and then live. An object moving into / out of the selection is
+//!   sent as `ADDED` / `DELETED`, like the real server. N older than the compaction point
+//!   answers one `ERROR` event with a 410 `Expired` Status, then ends. `resourceVersion` `0` or
+//!   empty starts with `ADDED` for every current object. `sendInitialEvents=true` also sends the
+//!   current objects followed by a `BOOKMARK` annotated `k8s.io/initial-events-end`.
+//! - POST `/api/v1/namespaces/{ns}/events` and `/apis/events.k8s.io/v1/namespaces/{ns}/events`:
+//!   recorded ([`ApiServer::events`]) and echoed back with `201 Created`.
+//!
+//! The test drives the server through [`ApiServer`]'s methods: [`ApiServer::create`],
+//! [`ApiServer::update`] and [`ApiServer::delete`] bump the global resource version and notify
+//! watchers; [`ApiServer::close_watches`] ends every open watch stream cleanly and
+//! [`ApiServer::cut_watches`] cuts their connections;
+//! [`ApiServer::compact`] expires every older resource version; [`ApiServer::fail_next`]
+//! answers the next requests with an error status; [`ApiServer::stall`] delays requests.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What a watch stream is sent.
+enum Msg {
+    Data(Bytes),
+    /// End the stream with an error: the connection is cut mid-body.
+    Cut,
+}
+
+/// The resource kinds the server serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Service,
+    Node,
+    EndpointSlice,
+}
+
+impl Kind {
+    fn from_kind(kind: &str) -> Option<Kind> {
+        match kind {
+            "Service" => Some(Kind::Service),
+            "Node" => Some(Kind::Node),
+            "EndpointSlice" => Some(Kind::EndpointSlice),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::Node => "Node",
+            Kind::EndpointSlice => "EndpointSlice",
+        }
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::Service | Kind::Node => "v1",
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
+        }
+    }
+}
+
+/// One recorded request: method and path with query.
+#[derive(Debug, Clone)]
+pub struct RequestLog {
+    pub method: String,
+    pub uri: String,
+    pub kind: Option<Kind>,
+    pub watch: bool,
+}
+
+/// A label or field selector requirement.
+#[derive(Debug, Clone)]
+enum Req {
+    Exists(String),
+    NotExists(String),
+    Eq(String, String),
+    Ne(String, String),
+}
+
+impl Req {
+    fn matches(&self, get: impl Fn(&str) -> Option<String>) -> bool {
+        match self {
+            Req::Exists(k) => get(k).is_some(),
+            Req::NotExists(k) => get(k).is_none(),
+            Req::Eq(k, v) => get(k).as_deref() == Some(v.as_str()),
+            Req::Ne(k, v) => get(k).as_deref() != Some(v.as_str()),
+        }
+    }
+}
+
+fn parse_selector(s: &str, allow_exists: bool) -> Result<Vec<Req>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let req = if let Some((k, v)) = part.split_once("!=") {
+            Req::Ne(k.trim().into(), v.trim().into())
+        } else if let Some((k, v)) = part.split_once("==") {
+            Req::Eq(k.trim().into(), v.trim().into())
+        } else if let Some((k, v)) = part.split_once('=') {
+            Req::Eq(k.trim().into(), v.trim().into())
+        } else if !allow_exists {
+            return Err(format!("invalid field selector {part:?}"));
+        } else if let Some(k) = part.strip_prefix('!') {
+            Req::NotExists(k.trim().into())
+        } else {
+            Req::Exists(part.into())
+        };
+        out.push(req);
+    }
+    Ok(out)
+}
+
+/// What a list or watch selects.
+#[derive(Debug, Clone)]
+struct Filter {
+    kind: Kind,
+    namespace: Option<String>,
+    labels: Vec<Req>,
+    fields: Vec<Req>,
+}
+
+impl Filter {
+    fn matches(&self, obj: &Value) -> bool {
+        let meta = &obj["metadata"];
+        let str_of = |v: &Value| v.as_str().map(str::to_string);
+        if let Some(ns) = &self.namespace
+            && meta["namespace"].as_str() != Some(ns.as_str())
+        {
+            return false;
+        }
+        let labels = &meta["labels"];
+        self.labels.iter().all(|r| r.matches(|k| str_of(&labels[k])))
+            && self.fields.iter().all(|r| {
+                r.matches(|k| match k {
+                    "metadata.name" => str_of(&meta["name"]),
+                    "metadata.namespace" => Some(str_of(&meta["namespace"]).unwrap_or_default()),
+                    _ => None,
+                })
+            })
+    }
+}
+
+/// One change, kept for replaying watches.
+#[derive(Debug, Clone)]
+struct Change {
+    rv: u64,
+    kind: Kind,
+    old: Option<Value>,
+    new: Option<Value>,
+}
+
+impl Change {
+    /// The event a watcher with `filter` sees for this change, if any.
+    fn event_for(&self, filter: &Filter) -> Option<Value> {
+        if self.kind != filter.kind {
+            return None;
+        }
+        let was = self.old.as_ref().is_some_and(|o| filter.matches(o));
+        let is = self.new.as_ref().is_some_and(|o| filter.matches(o));
+        match (was, is, &self.new) {
+            (false, true, Some(new)) => Some(json!({"type": "ADDED", "object": new})),
+            (true, true, Some(new)) => Some(json!({"type": "MODIFIED", "object": new})),
+            // Moved out of the selection: DELETED with the new state.
+            (true, false, Some(new)) => Some(json!({"type": "DELETED", "object": new})),
+            (true, false, None) => {
+                let mut gone = self.old.clone()?;
+                gone["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                Some(json!({"type": "DELETED", "object": gone}))
+            }
+            _ => None,
+        }
+    }
+}
+
+struct Watcher {
+    filter: Filter,
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+type ObjKey = (Kind, String, String);
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    objects: BTreeMap<ObjKey, Value>,
+    history: Vec<Change>,
+    /// Watches from a resource version below this get 410 Gone.
+    compacted: u64,
+    watchers: Vec<Watcher>,
+    failures: Vec<(Option<Kind>, u16)>,
+    stalled_until: Option<(Option<Kind>, Instant)>,
+    events: Vec<Value>,
+    requests: Vec<RequestLog>,
+    expired: usize,
+}
+
+struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The running server; stops when dropped.
+pub struct ApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        self.close_watches();
+    }
+}
+
+fn key_of(kind: Kind, obj: &Value) -> ObjKey {
+    let meta = &obj["metadata"];
+    (
+        kind,
+        meta["namespace"].as_str().unwrap_or_default().to_string(),
+        meta["name"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+fn to_value<K: k8s_openapi::Resource + serde::Serialize>(obj: &K) -> (Kind, Value) {
+    let kind = Kind::from_kind(K::KIND).unwrap_or_else(|| panic!("the test API server does not serve {}", K::KIND));
+    let mut v = serde_json::to_value(obj).expect("serializable object");
+    v["apiVersion"] = json!(K::API_VERSION);
+    v["kind"] = json!(K::KIND);
+    (kind, v)
+}
+
+impl ApiServer {
+    /// Binds `127.0.0.1:0` and serves until dropped.
+    pub async fn start() -> ApiServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let shared = Arc::new(Shared { state: Mutex::new(State { rv: 1, ..Default::default() }) });
+        let cancel = CancellationToken::new();
+        let (s, c) = (shared.clone(), cancel.clone());
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    () = c.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(_) => continue,
+                    },
+                };
+                let (s, c) = (s.clone(), c.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let s = s.clone();
+                        async move { Ok::<_, Infallible>(handle(s, req).await) }
+                    });
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                    let mut conn = std::pin::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        () = c.cancelled() => {}
+                    }
+                });
+            }
+        });
+        ApiServer { addr, shared, cancel }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A client for this server: plain HTTP, no auth.
+    pub fn client(&self) -> kube::Client {
+        let config = kube::Config::new(self.url().parse().expect("url"));
+        kube::Client::try_from(config).expect("client")
+    }
+
+    /// The current global resource version.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.lock().rv
+    }
+
+    /// Creates `obj` (which must not exist); returns its resource version.
+    #[track_caller]
+    pub fn create<K: k8s_openapi::Resource + serde::Serialize>(&self, obj: &K) -> u64 {
+        let (kind, v) = to_value(obj);
+        let key = key_of(kind, &v);
+        let mut st = self.shared.lock();
+        assert!(!st.objects.contains_key(&key), "{key:?} already exists");
+        st.change(kind, key, Some(v))
+    }
+
+    /// Replaces `obj` (which must exist); returns its new resource version.
+    #[track_caller]
+    pub fn update<K: k8s_openapi::Resource + serde::Serialize>(&self, obj: &K) -> u64 {
+        let (kind, v) = to_value(obj);
+        let key = key_of(kind, &v);
+        let mut st = self.shared.lock();
+        assert!(st.objects.contains_key(&key), "{key:?} does not exist");
+        st.change(kind, key, Some(v))
+    }
+
+    /// Deletes `obj` (by namespace and name; it must exist); returns the deletion's version.
+    #[track_caller]
+    pub fn delete<K: k8s_openapi::Resource + serde::Serialize>(&self, obj: &K) -> u64 {
+        let (kind, v) = to_value(obj);
+        let key = key_of(kind, &v);
+        let mut st = self.shared.lock();
+        assert!(st.objects.contains_key(&key), "{key:?} does not exist");
+        st.change(kind, key, None)
+    }
+
+    /// Ends every open watch stream (cleanly: the chunked body ends).
+    pub fn close_watches(&self) {
+        self.shared.lock().watchers.clear();
+    }
+
+    /// Cuts every open watch connection mid-body (no final chunk), as a network failure would.
+    pub fn cut_watches(&self) {
+        let mut st = self.shared.lock();
+        for w in st.watchers.drain(..) {
+            let _ = w.tx.send(Msg::Cut);
+        }
+    }
+
+    /// Expires every resource version handed out so far: the next watch from any of them gets
+    /// a 410 Gone `ERROR` event, so only a re-list (at a newer version) recovers. Also ends
+    /// open watches, as an apiserver restart would.
+    pub fn compact(&self) {
+        let mut st = self.shared.lock();
+        st.rv += 1;
+        st.compacted = st.rv;
+        st.history.clear();
+        st.watchers.clear();
+    }
+
+    /// Sends a `BOOKMARK` with the current resource version to open watches that allow them.
+    pub fn bookmark(&self) {
+        let mut st = self.shared.lock();
+        let rv = st.rv;
+        st.watchers.retain(|w| {
+            let bm = bookmark(w.filter.kind, rv, false);
+            w.tx.send(Msg::Data(line(&bm))).is_ok()
+        });
+    }
+
+    /// Answers the next `n` list/watch requests (of any kind) with `status`.
+    pub fn fail_next(&self, n: usize, status: u16) {
+        self.shared.lock().failures.extend(std::iter::repeat_n((None, status), n));
+    }
+
+    /// Answers the next `n` list/watch requests of `kind` with `status`.
+    pub fn fail_next_of(&self, kind: Kind, n: usize, status: u16) {
+        self.shared.lock().failures.extend(std::iter::repeat_n((Some(kind), status), n));
+    }
+
+    /// Holds list/watch requests arriving in the next `duration` until it has passed.
+    pub fn stall(&self, duration: Duration) {
+        self.shared.lock().stalled_until = Some((None, Instant::now() + duration));
+    }
+
+    /// Like [`ApiServer::stall`], for requests of `kind` only.
+    pub fn stall_of(&self, kind: Kind, duration: Duration) {
+        self.shared.lock().stalled_until = Some((Some(kind), Instant::now() + duration));
+    }
+
+    /// The events POSTed so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.shared.lock().events.clone()
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<RequestLog> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// How many watches were answered 410 Gone.
+    pub fn expired_watches(&self) -> usize {
+        self.shared.lock().expired
+    }
+
+    /// The number of open watch streams of `kind`.
+    pub fn open_watches(&self, kind: Kind) -> usize {
+        let mut st = self.shared.lock();
+        st.watchers.retain(|w| !w.tx.is_closed());
+        st.watchers.iter().filter(|w| w.filter.kind == kind).count()
+    }
+}
+
+impl State {
+    fn change(&mut self, kind: Kind, key: ObjKey, new: Option<Value>) -> u64 {
+        self.rv += 1;
+        let rv = self.rv;
+        let new = new.map(|mut v| {
+            v["metadata"]["resourceVersion"] = json!(rv.to_string());
+            v
+        });
+        let old = match &new {
+            Some(v) => self.objects.insert(key, v.clone()),
+            None => self.objects.remove(&key),
+        };
+        let change = Change { rv, kind, old, new };
+        self.watchers.retain(|w| match change.event_for(&w.filter) {
+            Some(event) => w.tx.send(Msg::Data(line(&event))).is_ok(),
+            None => !w.tx.is_closed(),
+        });
+        self.history.push(change);
+        rv
+    }
+}
+
+fn line(v: &Value) -> Bytes {
+    let mut s = v.to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+fn bookmark(kind: Kind, rv: u64, initial_end: bool) -> Value {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    json!({"type": "BOOKMARK", "object": {"apiVersion": kind.api_version(), "kind": kind.name(), "metadata": meta}})
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+fn full(v: &Value) -> Body {
+    Full::new(Bytes::from(v.to_string())).map_err(|never| match never {}).boxed_unsync()
+}
+
+fn json_response(code: u16, v: &Value) -> Response<Body> {
+    let mut res = Response::new(full(v));
+    *res.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    res.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}
+
+fn error_response(code: u16, reason: &str, message: &str) -> Response<Body> {
+    json_response(code, &status(code, reason, message))
+}
+
+/// The kind and namespace a collection path names.
+fn route(path: &str) -> Option<(Kind, Option<String>)> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match segs.as_slice() {
+        ["api", "v1", "services"] => Some((Kind::Service, None)),
+        ["api", "v1", "nodes"] => Some((Kind::Node, None)),
+        ["apis", "discovery.k8s.io", "v1", "endpointslices"] => Some((Kind::EndpointSlice, None)),
+        ["api", "v1", "namespaces", ns, "services"] => Some((Kind::Service, Some(ns.to_string()))),
+        ["apis", "discovery.k8s.io", "v1", "namespaces", ns, "endpointslices"] => {
+            Some((Kind::EndpointSlice, Some(ns.to_string())))
+        }
+        _ => None,
+    }
+}
+
+fn is_events_path(path: &str) -> bool {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    matches!(
+        segs.as_slice(),
+        ["api", "v1", "namespaces", _, "events"] | ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]
+    )
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let query: BTreeMap<String, String> =
+        form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).into_owned().collect();
+    let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let routed = route(&path);
+    shared.lock().requests.push(RequestLog {
+        method: req.method().to_string(),
+        uri: req.uri().to_string(),
+        kind: routed.as_ref().map(|(k, _)| *k),
+        watch,
+    });
+
+    if req.method() == Method::POST && is_events_path(&path) {
+        let body = match req.into_body().collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return error_response(400, "BadRequest", &e.to_string()),
+        };
+        let mut event: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return error_response(400, "BadRequest", &e.to_string()),
+        };
+        let mut st = shared.lock();
+        st.rv += 1;
+        event["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+        st.events.push(event.clone());
+        return json_response(201, &event);
+    }
+
+    let Some((kind, namespace)) = routed else {
+        return error_response(404, "NotFound", &format!("the server could not find {path}"));
+    };
+    if req.method() != Method::GET {
+        return error_response(405, "MethodNotAllowed", "only GET is served for this resource");
+    }
+
+    // Stalls and injected failures.
+    let stall = shared.lock().stalled_until.filter(|(k, _)| k.is_none_or(|k| k == kind)).map(|(_, until)| until);
+    if let Some(until) = stall {
+        tokio::time::sleep_until(until).await;
+    }
+    let failure = {
+        let mut st = shared.lock();
+        let at = st.failures.iter().position(|(k, _)| k.is_none_or(|k| k == kind));
+        at.map(|i| st.failures.remove(i).1)
+    };
+    if let Some(code) = failure {
+        return error_response(code, "InternalError", "injected failure");
+    }
+
+    let labels = match parse_selector(query.get("labelSelector").map_or("", String::as_str), true) {
+        Ok(l) => l,
+        Err(e) => return error_response(400, "BadRequest", &e),
+    };
+    let fields = match parse_selector(query.get("fieldSelector").map_or("", String::as_str), false) {
+        Ok(f) => f,
+        Err(e) => return error_response(400, "BadRequest", &e),
+    };
+    let filter = Filter { kind, namespace, labels, fields };
+
+    if !watch {
+        let st = shared.lock();
+        let items: Vec<&Value> =
+            st.objects.iter().filter(|(k, v)| k.0 == kind && filter.matches(v)).map(|(_, v)| v).collect();
+        let list = json!({
+            "apiVersion": kind.api_version(),
+            "kind": format!("{}List", kind.name()),
+            "metadata": {"resourceVersion": st.rv.to_string()},
+            "items": items,
+        });
+        return json_response(200, &list);
+    }
+
+    let timeout = query.get("timeoutSeconds").and_then(|t| t.parse::<u64>().ok()).unwrap_or(1800);
+    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+    let initial_events = query.get("sendInitialEvents").is_some_and(|b| b == "true");
+    let rv_param = query.get("resourceVersion").cloned().unwrap_or_default();
+    let (tx, rx) = mpsc::unbounded_channel::<Msg>();
+    {
+        let mut st = shared.lock();
+        let from_scratch = rv_param.is_empty() || rv_param == "0" || initial_events;
+        if from_scratch {
+            for (_, v) in st.objects.iter().filter(|(k, v)| k.0 == kind && filter.matches(v)) {
+                let _ = tx.send(Msg::Data(line(&json!({"type": "ADDED", "object": v}))));
+            }
+            if initial_events && bookmarks {
+                let _ = tx.send(Msg::Data(line(&bookmark(kind, st.rv, true))));
+            }
+        } else {
+            let Ok(from) = rv_param.parse::<u64>() else {
+                return error_response(400, "BadRequest", &format!("invalid resourceVersion {rv_param:?}"));
+            };
+            if from < st.compacted {
+                st.expired += 1;
+                let gone = status(410, "Expired", &format!("too old resource version: {from} ({})", st.compacted));
+                let body = line(&json!({"type": "ERROR", "object": gone}));
+                return stream_response(
+                    StreamBody::new(futures::stream::iter([Ok::<_, BoxError>(Frame::data(body))])).boxed_unsync(),
+                );
+            }
+            for change in st.history.iter().filter(|c| c.rv > from) {
+                if let Some(event) = change.event_for(&filter) {
+                    let _ = tx.send(Msg::Data(line(&event)));
+                }
+            }
+        }
+        st.watchers.push(Watcher { filter, tx });
+    }
+    let deadline = Instant::now() + Duration::from_secs(timeout);
+    let stream = futures::stream::unfold(Some(rx), move |rx| async move {
+        let mut rx = rx?;
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Msg::Data(bytes))) => Some((Ok::<_, BoxError>(Frame::data(bytes)), Some(rx))),
+            Ok(Some(Msg::Cut)) => Some((Err(BoxError::from("watch cut by the test")), None)),
+            _ => None,
+        }
+    });
+    stream_response(StreamBody::new(stream.boxed()).boxed_unsync())
+}
+
+fn stream_response(body: Body) -> Response<Body> {
+    let mut res = Response::new(body);
+    res.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}
