@@ -123,14 +123,17 @@ fn write_config(cfg: &KubeProxyConfiguration, path: &std::path::Path) -> ExitCod
 /// follows `-v` (0-1 info, 2-4 debug, 5+ trace) and `render` logs warnings and errors.
 /// `--logging-format=json` writes JSON lines.
 fn init_logging(logging: Option<&LoggingConfig>) {
+    // -v applies to this program's own logs; libraries (the API client, HTTP) stay at warn
+    // until -v 6 and above, where upstream logs its client's requests too.
     let default_level = match logging.map(|l| l.verbosity) {
-        None => "warn",
-        Some(0..=1) => "info",
-        Some(2..=4) => "debug",
-        Some(_) => "trace",
+        None => "warn".to_string(),
+        Some(0..=1) => "warn,kube_proxy_rs=info".to_string(),
+        Some(2..=4) => "warn,kube_proxy_rs=debug".to_string(),
+        Some(5) => "warn,kube_proxy_rs=trace".to_string(),
+        Some(_) => "debug,kube_proxy_rs=trace".to_string(),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&default_level));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
     if logging.is_some_and(|l| l.format == "json") {
         builder.json().init();

@@ -4,6 +4,7 @@ mod cleanup_cli;
 mod conntrack_real;
 mod daemon_assembly;
 mod daemon_cli;
+mod daemon_e2e;
 mod golden;
 mod iptables_real;
 mod k8s_events;

@@ -272,6 +272,16 @@ impl ApiServer {
     /// Binds `127.0.0.1:0` and serves until dropped.
     pub async fn start() -> ApiServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::serve(listener)
+    }
+
+    /// Serves on an already bound listener (e.g. one bound inside a network namespace).
+    pub fn start_on(listener: std::net::TcpListener) -> ApiServer {
+        listener.set_nonblocking(true).expect("nonblocking");
+        Self::serve(TcpListener::from_std(listener).expect("tokio listener"))
+    }
+
+    fn serve(listener: TcpListener) -> ApiServer {
         let addr = listener.local_addr().expect("local addr");
         let shared = Arc::new(Shared { state: Mutex::new(State { rv: 1, ..Default::default() }) });
         let cancel = CancellationToken::new();
@@ -503,6 +513,21 @@ fn route(path: &str) -> Option<(Kind, Option<String>)> {
     }
 }
 
+/// A single object: `(kind, namespace, name)`.
+fn route_one(path: &str) -> Option<(Kind, Option<String>, String)> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match segs.as_slice() {
+        ["api", "v1", "nodes", name] => Some((Kind::Node, None, name.to_string())),
+        ["api", "v1", "namespaces", ns, "services", name] => {
+            Some((Kind::Service, Some(ns.to_string()), name.to_string()))
+        }
+        ["apis", "discovery.k8s.io", "v1", "namespaces", ns, "endpointslices", name] => {
+            Some((Kind::EndpointSlice, Some(ns.to_string()), name.to_string()))
+        }
+        _ => None,
+    }
+}
+
 fn is_events_path(path: &str) -> bool {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     matches!(
@@ -540,6 +565,20 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         return json_response(201, &event);
     }
 
+    if let Some((kind, namespace, name)) = route_one(&path)
+        && req.method() == Method::GET
+    {
+        let st = shared.lock();
+        let found = st.objects.iter().find(|(k, v)| {
+            k.0 == kind
+                && v["metadata"]["name"].as_str() == Some(name.as_str())
+                && namespace.as_deref().is_none_or(|ns| v["metadata"]["namespace"].as_str() == Some(ns))
+        });
+        return match found {
+            Some((_, v)) => json_response(200, v),
+            None => error_response(404, "NotFound", &format!("{} \"{name}\" not found", kind.name())),
+        };
+    }
     let Some((kind, namespace)) = routed else {
         return error_response(404, "NotFound", &format!("the server could not find {path}"));
     };
