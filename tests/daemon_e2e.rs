@@ -3,7 +3,6 @@
 //! lists, programs the node's iptables, follows changes, answers /healthz, and on SIGTERM
 //! exits 0 leaving the service rules (and removing its canaries). Root only.
 
-use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -64,12 +63,14 @@ fn web_slice(ip: &str) -> EndpointSlice {
     slice("ns1", "web", "web-1").tcp("http", 8080).ips(&[ip]).build()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_programs_follows_and_exits_cleanly() {
-    require_root!();
-    let api_ns = Netns::create("e2e-api");
-    let node_ns = Netns::create("e2e-node");
-    let (a, b) = (format!("kpa{}", std::process::id() % 100_000), format!("kpn{}", std::process::id() % 100_000));
+/// An "api" and a "node" namespace joined by a veth pair, with the test API server bound in
+/// the api namespace. The namespaces (and so the veth) go away when dropped.
+async fn topology(tag: &str) -> (Netns, Netns, ApiServer) {
+    static LINKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let api_ns = Netns::create(&format!("{tag}-api"));
+    let node_ns = Netns::create(&format!("{tag}-node"));
+    let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let (a, b) = (format!("kpa{}x{n}", std::process::id() % 10_000), format!("kpn{}x{n}", std::process::id() % 10_000));
     ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
     ip(&["link", "set", &a, "netns", &api_ns.name]);
     ip(&["link", "set", &b, "netns", &node_ns.name]);
@@ -80,8 +81,21 @@ async fn daemon_programs_follows_and_exits_cleanly() {
         ns.ok(&["ip", "link", "set", "lo", "up"]);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-
     let server = ApiServer::start_on(bind_in_netns(&api_ns.name, &format!("{API_IP}:0")));
+    (api_ns, node_ns, server)
+}
+
+fn kubeconfig_text(server: &ApiServer) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \"{}\"}}\nusers:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\ncurrent-context: t\n",
+        server.url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_programs_follows_and_exits_cleanly() {
+    require_root!();
+    let (_api_ns, node_ns, server) = topology("e2e").await;
     server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
     let web = svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build();
     server.create(&web);
@@ -90,13 +104,7 @@ async fn daemon_programs_follows_and_exits_cleanly() {
     let dir = std::env::temp_dir().join(format!("kpr-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
     let kubeconfig = dir.join("kubeconfig");
-    let mut f = std::fs::File::create(&kubeconfig).expect("kubeconfig");
-    write!(
-        f,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \"{}\"}}\nusers:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\ncurrent-context: t\n",
-        server.url()
-    )
-    .expect("write kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_text(&server)).expect("write kubeconfig");
     let log = std::fs::File::create(dir.join("daemon.log")).expect("log");
     let child = Command::new("ip")
         .args(["netns", "exec", &node_ns.name, BIN])
@@ -163,5 +171,53 @@ async fn daemon_programs_follows_and_exits_cleanly() {
     let n = nat(&node_ns);
     assert!(n.contains("--to-destination 10.1.0.2:8080"), "rules must stay after shutdown:\n{n}");
     assert!(!n.contains("KUBE-PROXY-CANARY"), "canaries removed on shutdown:\n{n}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `--config`, a change to the file makes the daemon exit (non-zero, saying why) so the
+/// DaemonSet restarts it with the new configuration; its rules stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_file_change_makes_the_daemon_exit() {
+    require_root!();
+    let (_api_ns, node_ns, server) = topology("e2ecfg").await;
+    server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
+    server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
+    server.create(&web_slice("10.1.0.1"));
+    let dir = std::env::temp_dir().join(format!("kpr-e2ecfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_text(&server)).expect("kubeconfig");
+    let config = dir.join("config.yaml");
+    let text = format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: {}\nhostnameOverride: node-e2e\nhealthzBindAddress: {NODE_IP}:10256\nmetricsBindAddress: 127.0.0.1:10249\nconntrack:\n  maxPerCore: 0\niptables:\n  syncPeriod: 2s\n  minSyncPeriod: 100ms\n",
+        kubeconfig.display()
+    );
+    std::fs::write(&config, &text).expect("config");
+    let log = std::fs::File::create(dir.join("daemon.log")).expect("log");
+    let child = Command::new("ip")
+        .args(["netns", "exec", &node_ns.name, BIN, "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start daemon");
+    let mut daemon = Daemon(Some(child));
+    let log_text = || std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+    eventually("initial rules", Duration::from_secs(30), || nat(&node_ns).contains("--to-destination 10.1.0.1:8080"))
+        .await;
+
+    std::fs::write(&config, text.replace("syncPeriod: 2s", "syncPeriod: 3s")).expect("edit config");
+    let mut child = daemon.0.take().expect("child");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "daemon did not exit after its config changed\n{}", log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success(), "a config change is an error exit so it gets restarted");
+    assert!(log_text().contains("configuration file changed"), "{}", log_text());
+    assert!(nat(&node_ns).contains("--to-destination 10.1.0.1:8080"), "rules stay");
     let _ = std::fs::remove_dir_all(&dir);
 }
