@@ -221,3 +221,59 @@ async fn config_file_change_makes_the_daemon_exit() {
     assert!(nat(&node_ns).contains("--to-destination 10.1.0.1:8080"), "rules stay");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Benchmark, run by hand (`cargo test --release --test integration -- --ignored
+/// daemon_memory`): the daemon's resident memory holding 10k Services / 100k endpoints,
+/// after programming them into a namespace's iptables. Reported in docs/performance.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run by hand, reported in docs/performance.md"]
+async fn daemon_memory_at_10k_services() {
+    require_root!();
+    let services: usize = std::env::var("KPR_SERVICES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let (_api_ns, node_ns, server) = topology("e2emem").await;
+    let cluster = kube_proxy_rs::synthetic::cluster(kube_proxy_rs::synthetic::ClusterShape {
+        services,
+        endpoints_per_service: 10,
+    });
+    let mut n = cluster.node.clone();
+    n.metadata.name = Some("node-e2e".into());
+    server.create(&n);
+    for s in &cluster.services {
+        server.create(s);
+    }
+    for s in &cluster.slices {
+        server.create(s);
+    }
+    let dir = std::env::temp_dir().join(format!("kpr-e2emem-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_text(&server)).expect("kubeconfig");
+    let log = std::fs::File::create(dir.join("daemon.log")).expect("log");
+    let started = Instant::now();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &node_ns.name, BIN])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--hostname-override=node-e2e", "--conntrack-max-per-core=0", "--metrics-bind-address=127.0.0.1:10249"])
+        .arg(format!("--healthz-bind-address={NODE_IP}:10256"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start daemon");
+    let pid = child.id();
+    let _daemon = Daemon(Some(child));
+    let last = format!("svc-{}", services - 1);
+    eventually("all services programmed", Duration::from_secs(600), || {
+        node_ns
+            .ok(&["iptables-nft-save", "-t", "nat"])
+            .contains(&format!("\"ns-{}/{last}:http cluster IP\"", (services - 1) % 100))
+    })
+    .await;
+    let programmed = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let rss = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("VmRSS: ?").to_string();
+    let hwm = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap_or("VmHWM: ?").to_string();
+    eprintln!("{services} services / {} endpoints: programmed in {programmed:?}; {rss}; {hwm}", services * 10);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,12 +11,12 @@ use kube::runtime::watcher::Event;
 use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::k8s::{NodeEvents, ProxierSet, ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::IpFamily;
-use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces, SyncOutcome};
+use kube_proxy_rs::proxier::SyncOutcome;
 use kube_proxy_rs::runner::BoundedFrequencyRunner;
 use kube_proxy_rs::sync_loop::{SharedProxier, lock};
 
 use crate::support::fixtures::{node, slice, svc};
-use crate::support::harness::{TEST_NODE_NAME, TestProxier, upstream_interfaces, upstream_render_config};
+use crate::support::harness::{TEST_NODE_NAME, TestProxier, shared_test_proxier};
 
 struct Cluster {
     proxier: SharedProxier,
@@ -32,15 +32,7 @@ struct Cluster {
 
 impl Cluster {
     fn new() -> Cluster {
-        let ipt = Arc::new(FakeIptables::new(IpFamily::V4));
-        let cfg = ProxierConfig {
-            render: upstream_render_config(IpFamily::V4),
-            hostname: TEST_NODE_NAME.into(),
-            sync_period: Duration::from_secs(30),
-        };
-        let proxier =
-            Arc::new(Mutex::new(Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces())))));
-        let runner = BoundedFrequencyRunner::new("test", Duration::ZERO, Duration::from_secs(3600), 2).expect("runner");
+        let (proxier, ipt, runner) = shared_test_proxier();
         let set = ProxierSet::new(vec![(proxier.clone(), runner.handle())]);
         Cluster {
             proxier,

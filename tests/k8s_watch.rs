@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 use crate::support::apiserver::{ApiServer, Kind};
 use crate::support::assert_rules_eq;
 use crate::support::fixtures::{node, slice, svc};
-use crate::support::harness::{TEST_NODE_NAME, TestProxier, upstream_interfaces, upstream_render_config};
+use crate::support::harness::{
+    TEST_NODE_NAME, TestProxier, shared_test_proxier, upstream_interfaces, upstream_render_config,
+};
 
 /// How long a test may wait for the proxier to catch up with the API.
 const CONVERGE: Duration = Duration::from_secs(30);
@@ -45,15 +47,7 @@ impl Drop for Rig {
 
 impl Rig {
     fn start(server: &ApiServer) -> Rig {
-        let ipt = Arc::new(FakeIptables::new(IpFamily::V4));
-        let cfg = ProxierConfig {
-            render: upstream_render_config(IpFamily::V4),
-            hostname: TEST_NODE_NAME.into(),
-            sync_period: Duration::from_secs(30),
-        };
-        let proxier =
-            Arc::new(Mutex::new(Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces())))));
-        let runner = BoundedFrequencyRunner::new("test", Duration::ZERO, Duration::from_secs(3600), 2).expect("runner");
+        let (proxier, ipt, runner) = shared_test_proxier();
         let set = ProxierSet::new(vec![(proxier.clone(), runner.handle())]);
         let nodes_seen = Arc::new(Mutex::new(Vec::new()));
         let seen = nodes_seen.clone();

@@ -48,6 +48,27 @@ pub fn upstream_interfaces() -> Vec<std::net::IpAddr> {
         .collect()
 }
 
+/// A proxier shared the way the daemon shares it (for event-driven tests), on the fake
+/// iptables, with an idle runner whose handle records sync requests.
+pub fn shared_test_proxier()
+-> (kube_proxy_rs::sync_loop::SharedProxier, Arc<FakeIptables>, kube_proxy_rs::runner::BoundedFrequencyRunner) {
+    let ipt = Arc::new(FakeIptables::new(IpFamily::V4));
+    let cfg = ProxierConfig {
+        render: upstream_render_config(IpFamily::V4),
+        hostname: TEST_NODE_NAME.into(),
+        sync_period: Duration::from_secs(30),
+    };
+    let proxier = Arc::new(std::sync::Mutex::new(Proxier::new(
+        cfg,
+        ipt.clone(),
+        Arc::new(StaticInterfaces(upstream_interfaces())),
+    )));
+    let runner =
+        kube_proxy_rs::runner::BoundedFrequencyRunner::new("test", Duration::ZERO, Duration::from_secs(3600), 2)
+            .expect("runner");
+    (proxier, ipt, runner)
+}
+
 pub struct TestProxier {
     pub proxier: Proxier,
     pub ipt: Arc<FakeIptables>,
