@@ -9,8 +9,12 @@ use crate::iptables::Iptables;
 use crate::iptables::runner::{IptablesRunner, RunnerOptions, detect_backend};
 use crate::model::IpFamily;
 
-/// Longest any single iptables command may take.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest any single iptables command may take. Generous on purpose: a full restore of a
+/// 10k-service cluster through iptables-nft-restore takes minutes (legacy: ~13 s on the
+/// project's machine), and killing it would only start the same full restore again (upstream
+/// sets no timeout on restores at all). The bound is there so a wedged binary cannot stop
+/// the sync loop forever.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// The iptables runners for both families, on the backend the host already uses.
 pub fn iptables_runners(exec: Arc<dyn Exec>) -> Vec<IptablesRunner> {
