@@ -78,11 +78,13 @@ pub fn os_hostname() -> String {
 
 /// The daemon: builds everything from the effective configuration and runs until SIGTERM or
 /// SIGINT (rules stay in place), or until the `--config` file changes (exit with a message so
-/// the DaemonSet restarts it).
+/// the DaemonSet restarts it). With `init_only` (`--init-only`) it stops once the node is
+/// initialised (sysctls set), before programming anything, as upstream does.
 pub fn run_daemon(
     cfg: &crate::config::KubeProxyConfiguration,
     config_path: Option<&std::path::Path>,
     master: Option<&str>,
+    init_only: bool,
 ) -> Result<(), AppError> {
     let settings = crate::config::Settings::from_config(cfg)
         .map_err(|errs| AppError::Config(errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
@@ -93,6 +95,7 @@ pub fn run_daemon(
         config_json,
         config_path.map(|p| p.to_path_buf()),
         master.map(str::to_string),
+        init_only,
     ))
 }
 
@@ -153,6 +156,7 @@ async fn daemon_main(
     config_json: serde_json::Value,
     config_path: Option<std::path::PathBuf>,
     master: Option<String>,
+    init_only: bool,
 ) -> Result<(), AppError> {
     use crate::daemon::{Daemon, DaemonDeps, service_health_server};
     use tokio_util::sync::CancellationToken;
@@ -190,6 +194,10 @@ async fn daemon_main(
         conntrack: Some(Arc::new(crate::conntrack::ExecConntrack::new(exec))),
     };
     let daemon = Daemon::build(&settings, hostname.clone(), node.as_ref(), &deps)?;
+    if init_only {
+        tracing::info!("system initialized and --init-only specified");
+        return Ok(());
+    }
 
     let mut servers = Vec::new();
     if let Some(addr) = settings.healthz_bind_address

@@ -86,11 +86,7 @@ fn daemon(args: &DaemonArgs) -> ExitCode {
     if args.cleanup {
         return if kube_proxy_rs::app::cleanup() { ExitCode::SUCCESS } else { ExitCode::from(1) };
     }
-    if args.init_only {
-        eprintln!("kube-proxy-rs: --init-only is not implemented yet (the configuration is valid)");
-        return ExitCode::from(2);
-    }
-    match kube_proxy_rs::app::run_daemon(&cfg, args.config.as_deref(), args.master.as_deref()) {
+    match kube_proxy_rs::app::run_daemon(&cfg, args.config.as_deref(), args.master.as_deref(), args.init_only) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "kube-proxy-rs stopped");

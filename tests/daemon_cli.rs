@@ -308,9 +308,6 @@ fn daemon_without_a_cluster_fails_clearly_after_validating() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("failed to create the Kubernetes client"), "{}", stderr(&out));
     assert!(stderr(&out).contains("/nonexistent/kubeconfig"), "{}", stderr(&out));
-    let out = run(&["--init-only"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("--init-only is not implemented yet"), "{}", stderr(&out));
     // The configuration is checked first, as upstream does before anything else.
     assert_eq!(run(&["--iptables-masquerade-bit=40"]).status.code(), Some(1));
     assert_eq!(run(&["--cleanup", "--iptables-masquerade-bit=40"]).status.code(), Some(1));

@@ -277,3 +277,36 @@ async fn daemon_memory_at_10k_services() {
     eprintln!("{services} services / {} endpoints: programmed in {programmed:?}; {rss}; {hwm}", services * 10);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--init-only` initialises the node (route_localnet for localhost NodePorts) and exits 0
+/// without programming any rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_only_sets_sysctls_and_exits() {
+    require_root!();
+    let (_api_ns, node_ns, server) = topology("e2einit").await;
+    server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
+    server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
+    let dir = std::env::temp_dir().join(format!("kpr-e2einit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_text(&server)).expect("kubeconfig");
+    assert_eq!(node_ns.ok(&["cat", "/proc/sys/net/ipv4/conf/all/route_localnet"]).trim(), "0");
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &node_ns.name,
+            BIN,
+            "--init-only",
+            "--hostname-override=node-e2e",
+            "--conntrack-max-per-core=0",
+        ])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .output()
+        .expect("run --init-only");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "--init-only failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(node_ns.ok(&["cat", "/proc/sys/net/ipv4/conf/all/route_localnet"]).trim(), "1");
+    assert!(!nat(&node_ns).contains("KUBE-SERVICES"), "--init-only must not program rules");
+}
