@@ -73,7 +73,12 @@ pub enum AppError {
 
 /// The OS hostname as upstream's `GetHostname` normalises it.
 pub fn os_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_lowercase()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default()
+        .trim()
+        .to_lowercase()
 }
 
 /// The daemon: builds everything from the effective configuration and runs until SIGTERM or

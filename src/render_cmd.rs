@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use crate::cli::{IpFamilyArg, RenderArgs};
 use crate::config::{self, Settings};
 use crate::iptables::chain_tracker::ChainTracker;
+use crate::iptables::runner::{IptablesVersion, RANDOM_FULLY_MIN_VERSION};
 use crate::manifest::{self, Snapshot};
 use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
@@ -52,18 +53,9 @@ impl RenderCmdError {
 
 /// `--random-fully` needs iptables 1.6.2 or later.
 fn random_fully_supported(version: &str) -> Result<bool, RenderCmdError> {
-    let parts: Vec<u64> = version
-        .trim()
-        .trim_start_matches('v')
-        .split('.')
-        .map(|p| p.parse::<u64>())
-        .collect::<Result<_, _>>()
-        .map_err(|_| RenderCmdError::IptablesVersion(version.to_string()))?;
-    if parts.is_empty() || parts.len() > 4 {
-        return Err(RenderCmdError::IptablesVersion(version.to_string()));
-    }
-    let get = |i: usize| parts.get(i).copied().unwrap_or(0);
-    Ok((get(0), get(1), get(2)) >= (1, 6, 2))
+    IptablesVersion::parse(version.trim().trim_start_matches('v'))
+        .map(|v| v >= RANDOM_FULLY_MIN_VERSION)
+        .ok_or_else(|| RenderCmdError::IptablesVersion(version.to_string()))
 }
 
 /// The settings from `--config`, or upstream's defaults.
@@ -76,16 +68,6 @@ fn load_settings(path: Option<&std::path::Path>) -> Result<Settings, RenderCmdEr
         path: path.map_or_else(|| "defaults".to_string(), |p| p.display().to_string()),
         errors,
     })
-}
-
-/// The OS hostname, as upstream's `GetHostname` normalises it.
-fn os_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_default()
-        .trim()
-        .to_lowercase()
 }
 
 /// Runs `render`, writing each sync's header and payload to `out`.
@@ -102,7 +84,7 @@ pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError>
         .or_else(|| settings.hostname_override.clone())
         .map(|h| h.trim().to_lowercase())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(os_hostname);
+        .unwrap_or_else(crate::app::os_hostname);
 
     // Load every snapshot before printing anything: a bad file fails the whole command.
     let mut snapshots = Vec::with_capacity(1 + args.then.len());
