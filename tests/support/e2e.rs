@@ -1,0 +1,187 @@
+//! The real `kube-proxy-rs` binary as a node runs it: an "api" namespace serving the test API
+//! server and a "node" namespace running the daemon, joined by a veth link. Root only. Shared
+//! by the end-to-end tests (daemon lifecycle, traffic, faults).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::apiserver::ApiServer;
+use crate::support::netns::Netns;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
+pub const API_IP: &str = "198.18.20.1";
+pub const NODE_IP: &str = "198.18.20.2";
+
+/// Binds a TCP listener inside network namespace `ns` (the socket stays in that namespace).
+pub fn bind_in_netns(ns: &str, addr: &str) -> std::net::TcpListener {
+    in_netns(ns, {
+        let addr = addr.to_string();
+        move || std::net::TcpListener::bind(&addr).expect("bind in netns")
+    })
+}
+
+/// Runs `f` on a fresh thread that has entered network namespace `ns`; sockets it creates stay
+/// in that namespace.
+pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        enter_netns(&path);
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+/// Moves the calling thread into the network namespace at `path` (a thread of its own: the
+/// namespace sticks to it).
+pub fn enter_netns(path: &str) {
+    let f = std::fs::File::open(path).expect("open netns");
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+}
+
+/// Runs `ip` in the test's own namespace, which must succeed.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("ip");
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A unique veth pair name pair (interface names are limited to 15 bytes).
+pub fn veth_names(prefix: &str) -> (String, String) {
+    static LINKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let id = std::process::id() % 10_000;
+    (format!("{prefix}a{id}x{n}"), format!("{prefix}b{id}x{n}"))
+}
+
+/// The nat table of `ns` as iptables-nft-save prints it.
+pub fn nat(ns: &Netns) -> String {
+    ns.ok(&["iptables-nft-save", "-t", "nat"])
+}
+
+/// Polls `check` every 200 ms until it holds, failing the test after `limit`.
+pub async fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An "api" and a "node" namespace joined by a veth pair (api 198.18.20.1/30, node
+/// 198.18.20.2/30), with the test API server bound in the api namespace. The namespaces (and
+/// so the veth) go away when dropped.
+pub async fn topology(tag: &str) -> (Netns, Netns, ApiServer) {
+    let api_ns = Netns::create(&format!("{tag}-api"));
+    let node_ns = Netns::create(&format!("{tag}-node"));
+    let (a, b) = veth_names("kp");
+    ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+    ip(&["link", "set", &a, "netns", &api_ns.name]);
+    ip(&["link", "set", &b, "netns", &node_ns.name]);
+    api_ns.ok(&["ip", "addr", "add", &format!("{API_IP}/30"), "dev", &a]);
+    node_ns.ok(&["ip", "addr", "add", &format!("{NODE_IP}/30"), "dev", &b]);
+    for (ns, dev) in [(&api_ns, &a), (&node_ns, &b)] {
+        ns.ok(&["ip", "link", "set", dev, "up"]);
+        ns.ok(&["ip", "link", "set", "lo", "up"]);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let server = ApiServer::start_on(bind_in_netns(&api_ns.name, &format!("{API_IP}:0")));
+    (api_ns, node_ns, server)
+}
+
+pub fn kubeconfig_text(server: &ApiServer) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \"{}\"}}\nusers:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\ncurrent-context: t\n",
+        server.url()
+    )
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("kpr-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Writes a kubeconfig for `server` into the directory and returns its path.
+    pub fn kubeconfig(&self, server: &ApiServer) -> PathBuf {
+        let path = self.0.join("kubeconfig");
+        std::fs::write(&path, kubeconfig_text(server)).expect("write kubeconfig");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The daemon running in a namespace; killed (SIGKILL) on drop if the test has not stopped it.
+pub struct DaemonProcess {
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl DaemonProcess {
+    /// Starts `kube-proxy-rs args…` inside `ns`, stderr into `log`. `env` is added to the
+    /// environment (e.g. a PATH with a failing iptables-restore first).
+    pub fn start(ns: &Netns, args: &[String], log: PathBuf, env: &[(&str, &str)]) -> DaemonProcess {
+        let file = std::fs::File::create(&log).expect("create daemon log");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.name, BIN]).args(args).stdout(Stdio::null()).stderr(file);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start daemon");
+        DaemonProcess { child: Some(child), log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `signal` (e.g. "TERM", "KILL") to the daemon.
+    pub fn signal(&self, signal: &str) {
+        let _ = Command::new("kill").args([format!("-{signal}"), self.pid().to_string()]).status();
+    }
+
+    /// Waits up to `limit` for the daemon to exit and returns its status.
+    pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                return s;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("daemon did not exit within {limit:?}\n{}", self.log_text());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
