@@ -69,6 +69,10 @@ pub enum AppError {
     Runtime(std::io::Error),
     #[error("{0}")]
     ConfigChanged(String),
+    #[error(transparent)]
+    PodCidr(#[from] crate::k8s::pod_cidr::PodCidrError),
+    #[error("{0}")]
+    NodeChanged(String),
 }
 
 /// The OS hostname as upstream's `GetHostname` normalises it.
@@ -175,7 +179,14 @@ async fn daemon_main(
     let client = kube_client(&settings, master).await?;
     let hostname = settings.hostname_override.clone().unwrap_or_else(os_hostname);
     tracing::info!(hostname = %hostname, "starting kube-proxy-rs");
-    let node = fetch_node(&client, &hostname).await;
+    let mut node = fetch_node(&client, &hostname).await;
+    let node_cidr_mode = settings.detect_local == crate::config::DetectLocal::NodeCidr;
+    if node_cidr_mode && !node.as_ref().is_some_and(crate::k8s::pod_cidr::has_pod_cidrs) {
+        tracing::info!(hostname = %hostname, "watching for node, awaiting podCIDR allocation");
+        let n =
+            crate::k8s::pod_cidr::wait_for_pod_cidrs(&client, &hostname, crate::k8s::pod_cidr::POD_CIDR_WAIT).await?;
+        node = Some(n);
+    }
 
     let exec: Arc<dyn Exec> = Arc::new(RealExec);
     let mut runners = iptables_runners(exec.clone()).into_iter();
@@ -203,6 +214,7 @@ async fn daemon_main(
         tracing::info!("system initialized and --init-only specified");
         return Ok(());
     }
+    crate::oom::apply_oom_score_adj(&crate::oom::ProcOomScoreAdjuster::default(), settings.oom_score_adj);
 
     let mut servers = Vec::new();
     if let Some(addr) = settings.healthz_bind_address
@@ -222,15 +234,30 @@ async fn daemon_main(
 
     let set = daemon.proxier_set();
     let health = daemon.health.clone();
+    // NodeCIDR mode: a change of the node's podCIDRs means a restart (the detector was built
+    // from them).
+    let (restart_tx, mut restart_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let pod_cidr_guard = std::sync::Mutex::new(node_cidr_mode.then(|| {
+        let cidrs = node.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
+        crate::k8s::pod_cidr::PodCidrGuard::new(&cidrs)
+    }));
     let on_node: crate::k8s::watch::NodeCallback = Arc::new(move |n| {
         if let Some(n) = n {
             health.sync_node(n);
+        }
+        let mut guard = pod_cidr_guard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(why) = guard.as_mut().and_then(|g| g.on_node(n)) {
+            tracing::error!(reason = %why, "restarting");
+            let _ = restart_tx.send(why);
         }
     });
     let watches = tokio::spawn(crate::k8s::watch::run(client, hostname, set, on_node, shutdown.clone()));
     let loops = tokio::spawn(daemon.run_loops(shutdown.clone(), Some(service_health)));
 
-    let reason = wait_for_stop(watcher.as_ref(), &shutdown).await;
+    let reason = tokio::select! {
+        r = wait_for_stop(watcher.as_ref(), &shutdown) => r.map(AppError::ConfigChanged),
+        Some(why) = restart_rx.recv() => Some(AppError::NodeChanged(why)),
+    };
     shutdown.cancel();
     let stopped = async {
         let _ = loops.await;
@@ -244,7 +271,7 @@ async fn daemon_main(
     }
     tracing::info!("stopped; service rules left in place");
     match reason {
-        Some(msg) => Err(AppError::ConfigChanged(msg)),
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }

@@ -30,6 +30,7 @@ pub mod k8s;
 pub mod manifest;
 pub mod metrics;
 pub mod model;
+pub mod oom;
 pub mod options;
 pub mod proxier;
 pub mod render_cmd;

@@ -34,6 +34,7 @@ async fn daemon_programs_follows_and_exits_cleanly() {
         "--conntrack-max-per-core=0".into(),
         format!("--healthz-bind-address={NODE_IP}:10256"),
         "--metrics-bind-address=127.0.0.1:10249".into(),
+        "--oom-score-adj=500".into(),
         "-v=2".into(),
     ];
     let mut daemon = DaemonProcess::start(&node_ns, &args, dir.path().join("daemon.log"), &[]);
@@ -43,6 +44,10 @@ async fn daemon_programs_follows_and_exits_cleanly() {
     let n = nat(&node_ns);
     assert!(n.contains("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"), "{n}");
     assert!(n.contains(":KUBE-PROXY-CANARY"), "{n}");
+    // --oom-score-adj is applied (`ip netns exec` execs the daemon: same pid). A positive value:
+    // lowering it (the default -999) needs CAP_SYS_RESOURCE, which test sandboxes may lack.
+    let oom = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", daemon.pid())).expect("oom_score_adj");
+    assert_eq!(oom.trim(), "500", "{}", daemon.log_text());
 
     // Follow a rollout and a new service.
     server.update(&web_slice("10.1.0.2"));
@@ -181,4 +186,45 @@ async fn init_only_sets_sysctls_and_exits() {
     assert!(out.status.success(), "--init-only failed: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(node_ns.ok(&["cat", "/proc/sys/net/ipv4/conf/all/route_localnet"]).trim(), "1");
     assert!(!nat(&node_ns).contains("KUBE-SERVICES"), "--init-only must not program rules");
+}
+
+/// detect-local-mode NodeCIDR: nothing is programmed until the node gets its podCIDRs; the
+/// local-traffic rules then use them; when they change the daemon exits (non-zero, saying
+/// why) so it is restarted with the new ones, leaving the rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_cidr_mode_waits_for_pod_cidrs_and_restarts_on_change() {
+    require_root!();
+    let (_api_ns, node_ns, server) = topology("e2ecidr").await;
+    server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
+    server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
+    server.create(&web_slice("10.1.0.1"));
+    let dir = TempDir::new("e2ecidr");
+    let args = vec![
+        format!("--kubeconfig={}", dir.kubeconfig(&server).display()),
+        "--hostname-override=node-e2e".into(),
+        "--detect-local-mode=NodeCIDR".into(),
+        "--iptables-sync-period=2s".into(),
+        "--iptables-min-sync-period=100ms".into(),
+        "--conntrack-max-per-core=0".into(),
+        format!("--healthz-bind-address={NODE_IP}:10256"),
+        "--metrics-bind-address=127.0.0.1:10249".into(),
+    ];
+    let mut daemon = DaemonProcess::start(&node_ns, &args, dir.path().join("daemon.log"), &[]);
+    let limit = Duration::from_secs(30);
+    eventually("waiting for podCIDR logged", limit, || daemon.log_text().contains("awaiting podCIDR allocation")).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!nat(&node_ns).contains("KUBE-SERVICES"), "nothing programmed before the podCIDRs:\n{}", daemon.log_text());
+
+    server.update(&node("node-e2e", &[], &["10.244.7.0/24"], &[NODE_IP]));
+    eventually("rules with the node CIDR", limit, || {
+        nat(&node_ns).contains("-A KUBE-SVC-") && nat(&node_ns).contains("! -s 10.244.7.0/24 ")
+    })
+    .await;
+
+    server.update(&node("node-e2e", &[], &["10.244.8.0/24"], &[NODE_IP]));
+    let status = daemon.wait_exit(Duration::from_secs(20)).await;
+    assert!(!status.success(), "a podCIDR change is an error exit so the daemon gets restarted");
+    let log = daemon.log_text();
+    assert!(log.contains("podCIDRs changed") && log.contains("10.244.8.0/24"), "{log}");
+    assert!(nat(&node_ns).contains("! -s 10.244.7.0/24 "), "rules stay");
 }

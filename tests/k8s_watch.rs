@@ -449,3 +449,27 @@ async fn server_speaks_the_api() {
     })
     .await;
 }
+
+/// detect-local-mode NodeCIDR: the wait returns once the IPAM controller assigns the node's
+/// podCIDRs, and times out (naming the node) when it never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_for_the_node_pod_cidr_allocation() {
+    use kube_proxy_rs::k8s::pod_cidr::{PodCidrError, wait_for_pod_cidrs};
+    let server = ApiServer::start().await;
+    server.create(&node("node-a", &[], &[], &["10.0.0.1"]));
+    server.create(&node("node-b", &[], &[], &["10.0.0.2"]));
+    let client = server.client();
+    let waiting = tokio::spawn(async move { wait_for_pod_cidrs(&client, "node-a", Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "no podCIDRs yet: must keep waiting");
+    server.update(&node("node-b", &[], &["10.244.9.0/24"], &["10.0.0.2"]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "another node's allocation does not count");
+    server.update(&node("node-a", &[], &["10.244.1.0/24"], &["10.0.0.1"]));
+    let got = tokio::time::timeout(CONVERGE, waiting).await.expect("wait returns").expect("task").expect("node");
+    assert_eq!(got.spec.and_then(|s| s.pod_cidrs), Some(vec!["10.244.1.0/24".to_string()]));
+
+    let err = wait_for_pod_cidrs(&server.client(), "node-b-missing", Duration::from_millis(500)).await.unwrap_err();
+    assert!(matches!(err, PodCidrError::Timeout { .. }), "{err}");
+    assert!(err.to_string().contains("node-b-missing") && err.to_string().contains("NodeCIDR"), "{err}");
+}

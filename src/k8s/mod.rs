@@ -7,6 +7,7 @@
 //! `InitApply`* … `InitDone`) deletes whatever was known but not listed again, so a dropped
 //! watch or a 410 Gone loses nothing.
 
+pub mod pod_cidr;
 pub mod watch;
 
 use std::collections::{HashMap, HashSet};
