@@ -292,6 +292,71 @@ fn every_metric_is_documented() {
     }
 }
 
+// ---- Links between the docs -----------------------------------------------------------------
+
+/// GitHub's anchor for a heading: lower-cased, punctuation other than `-` and `_` dropped,
+/// spaces turned into `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(md: &str) -> BTreeSet<String> {
+    let mut in_code = false;
+    let mut out = BTreeSet::new();
+    for line in md.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            out.insert(slug(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// Relative Markdown link targets `](target)` of `md` (web links excluded).
+fn relative_links(md: &str) -> Vec<String> {
+    md.split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')').map(|(target, _)| target.to_string()))
+        .filter(|t| !t.contains("://"))
+        .collect()
+}
+
+#[test]
+fn links_between_docs_resolve() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let pages = ["README.md", "docs/architecture.md", "docs/configuration.md", "docs/metrics.md", "docs/operations.md"];
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in pages {
+        let path = root.join(page);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{page}: {e}"));
+        for link in relative_links(&text) {
+            let (file, anchor) = link.split_once('#').unwrap_or((link.as_str(), ""));
+            let target = if file.is_empty() { path.clone() } else { path.parent().expect("in a directory").join(file) };
+            checked += 1;
+            let Ok(target_text) = std::fs::read_to_string(&target) else {
+                broken.push(format!("{page}: {link} (no such file)"));
+                continue;
+            };
+            if !anchor.is_empty()
+                && target.extension().is_some_and(|e| e == "md")
+                && !anchors(&target_text).contains(anchor)
+            {
+                broken.push(format!("{page}: {link} (no such heading)"));
+            }
+        }
+    }
+    assert!(checked > 20, "found only {checked} links");
+    assert!(broken.is_empty(), "broken links: {broken:#?}");
+}
+
 // ---- The checks themselves ---------------------------------------------------------------
 
 #[test]
@@ -306,4 +371,10 @@ fn table_parsing_finds_rows_and_spans() {
     let missing = BTreeSet::from(["--gone".to_string()]);
     assert!(report("flags", &missing, &BTreeSet::new()).is_some_and(|m| m.contains("--gone")));
     assert!(report("flags", &BTreeSet::new(), &BTreeSet::new()).is_none());
+    assert_eq!(slug(" `--cleanup`"), "--cleanup");
+    assert_eq!(
+        slug(" Metrics server (`metricsBindAddress`, default `127.0.0.1:10249`)"),
+        "metrics-server-metricsbindaddress-default-12700110249"
+    );
+    assert_eq!(relative_links("see [a](b.md#c) and [d](https://x/y)"), ["b.md#c"]);
 }
