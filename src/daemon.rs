@@ -131,7 +131,8 @@ impl Daemon {
                 conntrack_tcp_liberal: tcp_liberal,
             };
             let cfg = ProxierConfig { render, hostname: hostname.clone(), sync_period: settings.sync_period };
-            let mut proxier = Proxier::new(cfg, ipt.clone(), deps.interfaces.clone());
+            let mut proxier =
+                Proxier::new(cfg, ipt.clone(), deps.interfaces.clone()).with_change_observer(metrics.clone());
             if let Some(ct) = &deps.conntrack {
                 proxier = proxier.with_conntrack(ct.clone());
             }

@@ -346,6 +346,16 @@ impl Metrics {
     }
 }
 
+impl crate::proxier::ChangeObserver for Metrics {
+    fn service_change(&self, pending: usize) {
+        self.service_update_observed(pending);
+    }
+
+    fn endpoint_slice_change(&self, change_needed: bool) {
+        self.endpoint_slice_update_observed(change_needed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

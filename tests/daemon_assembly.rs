@@ -113,6 +113,16 @@ async fn dual_stack_daemon_programs_both_families_and_shuts_down_cleanly() {
     assert_eq!(health.healthz().status().as_u16(), 200);
     let text = metrics.encode_text().expect("metrics");
     assert!(text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds"), "{text}");
+    // The change metrics follow the trackers: one Service event seen by each family's proxier,
+    // one slice of each address type, and nothing pending once synced.
+    for (metric, value) in [
+        ("kubeproxy_sync_proxy_rules_service_changes_total", "2"),
+        ("kubeproxy_sync_proxy_rules_endpoint_changes_total", "2"),
+        ("kubeproxy_sync_proxy_rules_service_changes_pending", "0"),
+        ("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "0"),
+    ] {
+        assert!(text.lines().any(|l| l == format!("{metric} {value}")), "{metric} should be {value}:\n{text}");
+    }
 
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), loops).await.expect("loops stop").expect("loop task");

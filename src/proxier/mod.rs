@@ -235,6 +235,17 @@ pub struct Proxier {
     last_cleanup: Option<Instant>,
     /// Clears stale UDP/SCTP conntrack entries after successful syncs; `None` in `render`.
     conntrack: Option<Arc<dyn Conntrack>>,
+    /// Told about every recorded change (the change metrics); `None` in `render`.
+    observer: Option<Arc<dyn ChangeObserver>>,
+}
+
+/// Observes the change trackers the way upstream's change metrics do.
+pub trait ChangeObserver: Send + Sync {
+    /// A Service event was recorded; `pending` Services now have unapplied changes.
+    fn service_change(&self, pending: usize);
+    /// An EndpointSlice event of this proxier's address type was recorded; `change_needed`
+    /// says whether it changed anything.
+    fn endpoint_slice_change(&self, change_needed: bool);
 }
 
 impl Proxier {
@@ -255,6 +266,7 @@ impl Proxier {
             render_state: render::RenderState::default(),
             last_cleanup: None,
             conntrack: None,
+            observer: None,
         }
     }
 
@@ -265,6 +277,17 @@ impl Proxier {
         self
     }
 
+    pub fn with_change_observer(mut self, observer: Arc<dyn ChangeObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn observe_service_change(&self) {
+        if let Some(o) = &self.observer {
+            o.service_change(self.service_changes.pending());
+        }
+    }
+
     pub fn config(&self) -> &ProxierConfig {
         &self.cfg
     }
@@ -272,7 +295,9 @@ impl Proxier {
     /// Records a Service add (`previous` None), update or delete (`current` None). Returns
     /// whether a sync is wanted.
     pub fn on_service_update(&mut self, previous: Option<&Service>, current: Option<&Service>) -> bool {
-        self.service_changes.update(previous, current) && self.is_initialized()
+        let changed = self.service_changes.update(previous, current);
+        self.observe_service_change();
+        changed && self.is_initialized()
     }
 
     /// Records the current state of a Service seen by a watch (`current` None: deleted),
@@ -282,12 +307,20 @@ impl Proxier {
         let applied = || {
             services.iter().filter(|(name, _)| name.service == service).map(|(k, v)| (k.clone(), v.clone())).collect()
         };
-        self.service_changes.update_from_applied(service.clone(), applied, current) && self.is_initialized()
+        let changed = self.service_changes.update_from_applied(service.clone(), applied, current);
+        self.observe_service_change();
+        changed && self.is_initialized()
     }
 
     /// Records an EndpointSlice add/update, or its deletion. Returns whether a sync is wanted.
     pub fn on_endpoint_slice_update(&mut self, slice: &EndpointSlice, removed: bool) -> bool {
-        self.endpoint_changes.endpoint_slice_update(slice, removed) && self.is_initialized()
+        let changed = self.endpoint_changes.endpoint_slice_update(slice, removed);
+        if let Some(o) = &self.observer
+            && slice.address_type == self.cfg.render.family.slice_address_type()
+        {
+            o.endpoint_slice_change(changed);
+        }
+        changed && self.is_initialized()
     }
 
     pub fn on_services_synced(&mut self) {

@@ -120,6 +120,11 @@ impl ServiceChangeTracker {
         ServiceChangeTracker { family, items: HashMap::new() }
     }
 
+    /// How many Services have changes not yet applied.
+    pub fn pending(&self) -> usize {
+        self.items.len()
+    }
+
     pub fn family(&self) -> IpFamily {
         self.family
     }
