@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system tools the tests use (iptables with both backends, iproute2, conntrack).
+# Installs the system tools the tests use (iptables with both backends, iproute2, conntrack,
+# openssl for test certificates, unshare).
 # Idempotent: does nothing when they are present. Needs root to install; without root it
 # only warns, and the tests that need root skip themselves.
 set -euo pipefail
@@ -8,6 +9,8 @@ command -v iptables-legacy-restore >/dev/null 2>&1 || need+=(iptables)
 command -v iptables-nft-restore >/dev/null 2>&1 || need+=(iptables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 if [ "${#need[@]}" -eq 0 ]; then
     exit 0
 fi

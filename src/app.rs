@@ -109,19 +109,34 @@ pub fn run_daemon(
 }
 
 async fn kube_client(settings: &crate::config::Settings, master: Option<String>) -> Result<kube::Client, AppError> {
-    let mut config = match &settings.client.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| AppError::Client(e.to_string()))?;
+    let client_err = |e: &dyn std::fmt::Display| AppError::Client(e.to_string());
+    let master_url = match &master {
+        Some(m) => Some(m.parse::<hyper::Uri>().map_err(|e| AppError::Client(format!("--master {m}: {e}")))?),
+        None => None,
+    };
+    let mut config = match (&settings.client.kubeconfig, &master_url) {
+        (Some(path), _) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| client_err(&e))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| AppError::Client(e.to_string()))?
+                .map_err(|e| client_err(&e))?
         }
-        None => kube::Config::infer().await.map_err(|e| AppError::Client(e.to_string()))?,
+        // As upstream: with neither a kubeconfig nor a master URL, only the in-cluster config.
+        (None, None) => {
+            tracing::info!("neither kubeconfig file nor master URL was specified, falling back to in-cluster config");
+            kube::Config::incluster().map_err(|e| AppError::Client(format!("in-cluster configuration: {e}")))?
+        }
+        // A master URL alone: the default kubeconfig loading rules if they find one, else
+        // just the URL.
+        (None, Some(url)) => match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(_) => kube::Config::new(url.clone()),
+        },
     };
-    if let Some(m) = master {
-        config.cluster_url = m.parse().map_err(|e| AppError::Client(format!("--master {m}: {e}")))?;
+    if let Some(url) = master_url {
+        config.cluster_url = url;
     }
-    kube::Client::try_from(config).map_err(|e| AppError::Client(e.to_string()))
+    kube::Client::try_from(config).map_err(|e| client_err(&e))
 }
 
 /// Upstream waits for its Node for a while to learn the node IPs; so do we (about 30 s).

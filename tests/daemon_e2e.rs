@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::require_root;
-use crate::support::e2e::{BIN, DaemonProcess, NODE_IP, TempDir, eventually, nat, topology};
+use crate::support::e2e::{API_IP, BIN, DaemonProcess, NODE_IP, TempDir, eventually, nat, topology, topology_tls};
 use crate::support::fixtures::{node, slice, svc};
 
 fn web_slice(ip: &str) -> EndpointSlice {
@@ -227,4 +227,124 @@ async fn node_cidr_mode_waits_for_pod_cidrs_and_restarts_on_change() {
     let log = daemon.log_text();
     assert!(log.contains("podCIDRs changed") && log.contains("10.244.8.0/24"), "{log}");
     assert!(nat(&node_ns).contains("! -s 10.244.7.0/24 "), "rules stay");
+}
+
+/// Generates a test CA and a server certificate for `ip` with openssl into `dir`.
+fn test_certificates(dir: &std::path::Path, ip: &str) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    run(&[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca"]]
+        .concat());
+    run(&[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver"]].concat());
+    std::fs::write(
+        dir.join("ext.cnf"),
+        format!("subjectAltName=IP:{ip}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"),
+    )
+    .expect("ext.cnf");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+    ]);
+}
+
+fn tls_acceptor(dir: &std::path::Path) -> tokio_rustls::TlsAcceptor {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.crt"))
+        .expect("server.crt")
+        .collect::<Result<_, _>>()
+        .expect("certificate");
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server.key");
+    let config =
+        rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("server certificate");
+    tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+}
+
+/// Removes `/run/secrets` afterwards if the test created it (the secrets themselves live in
+/// a tmpfs mounted there only inside the daemon's private mount namespace).
+struct CreatedDir(Option<std::path::PathBuf>);
+
+impl Drop for CreatedDir {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// With neither `--kubeconfig` nor `--master`, the daemon uses the in-cluster configuration as
+/// a pod does: KUBERNETES_SERVICE_HOST/PORT, the service-account token (sent as a bearer token)
+/// and CA (verifying the API server's certificate) under
+/// /var/run/secrets/kubernetes.io/serviceaccount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_configuration_is_used_without_a_kubeconfig() {
+    require_root!();
+    let dir = TempDir::new("e2eincluster");
+    test_certificates(dir.path(), API_IP);
+    let (_api_ns, node_ns, server) = topology_tls("e2eincl", tls_acceptor(dir.path())).await;
+    server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
+    server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
+    server.create(&web_slice("10.1.0.1"));
+    std::fs::write(dir.path().join("token"), "test-token-123").expect("token");
+    std::fs::write(dir.path().join("namespace"), "kube-system").expect("namespace");
+
+    let secrets = std::path::Path::new("/run/secrets");
+    let _created = CreatedDir((!secrets.exists()).then(|| {
+        std::fs::create_dir(secrets).expect("mkdir /run/secrets");
+        secrets.to_path_buf()
+    }));
+    let sa = "/run/secrets/kubernetes.io/serviceaccount";
+    let script = format!(
+        "set -e; mount -t tmpfs kpr-test /run/secrets; mkdir -p {sa}; cp {d}/ca.crt {d}/token {d}/namespace {sa}/; \
+         exec ip netns exec {ns} {BIN} --hostname-override=node-e2e --iptables-sync-period=2s \
+         --iptables-min-sync-period=100ms --conntrack-max-per-core=0 --healthz-bind-address={NODE_IP}:10256 \
+         --metrics-bind-address=127.0.0.1:10249 -v=2",
+        d = dir.path().display(),
+        ns = node_ns.name,
+    );
+    let port = server.url().rsplit(':').next().expect("port").to_string();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c", &script])
+        .env_remove("KUBECONFIG")
+        .env("KUBERNETES_SERVICE_HOST", API_IP)
+        .env("KUBERNETES_SERVICE_PORT", &port);
+    let mut daemon = DaemonProcess::spawn(cmd, dir.path().join("daemon.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !nat(&node_ns).contains("--to-destination 10.1.0.1:8080") {
+        assert!(Instant::now() < deadline, "not programmed through the in-cluster client:\n{}", daemon.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(daemon.log_text().contains("in-cluster config"), "{}", daemon.log_text());
+    let requests = server.requests();
+    assert!(!requests.is_empty());
+    assert!(
+        requests.iter().all(|r| r.authorization.as_deref() == Some("Bearer test-token-123")),
+        "every request carries the service-account token: {:?}",
+        requests.iter().map(|r| &r.authorization).collect::<Vec<_>>()
+    );
+    daemon.signal("TERM");
+    assert!(daemon.wait_exit(Duration::from_secs(20)).await.success(), "{}", daemon.log_text());
+    assert!(!secrets.join("kubernetes.io").exists(), "the secrets tmpfs stayed in the daemon's mount namespace");
 }

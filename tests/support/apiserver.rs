@@ -100,6 +100,8 @@ pub struct RequestLog {
     pub uri: String,
     pub kind: Option<Kind>,
     pub watch: bool,
+    /// The Authorization header, if any.
+    pub authorization: Option<String>,
 }
 
 /// A label or field selector requirement.
@@ -242,6 +244,7 @@ pub struct ApiServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     cancel: CancellationToken,
+    scheme: &'static str,
 }
 
 impl Drop for ApiServer {
@@ -258,6 +261,22 @@ fn key_of(kind: Kind, obj: &Value) -> ObjKey {
         meta["namespace"].as_str().unwrap_or_default().to_string(),
         meta["name"].as_str().unwrap_or_default().to_string(),
     )
+}
+
+async fn serve_connection<IO>(io: IO, shared: Arc<Shared>, cancel: CancellationToken)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| {
+        let s = shared.clone();
+        async move { Ok::<_, Infallible>(handle(s, req).await) }
+    });
+    let conn = http1::Builder::new().serve_connection(TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        () = cancel.cancelled() => {}
+    }
 }
 
 fn to_value<K: k8s_openapi::Resource + serde::Serialize>(obj: &K) -> (Kind, Value) {
@@ -281,8 +300,19 @@ impl ApiServer {
         Self::serve(TcpListener::from_std(listener).expect("tokio listener"))
     }
 
+    /// Serves HTTPS on an already bound listener with `acceptor`'s certificate.
+    pub fn start_tls_on(listener: std::net::TcpListener, acceptor: tokio_rustls::TlsAcceptor) -> ApiServer {
+        listener.set_nonblocking(true).expect("nonblocking");
+        Self::serve_with(TcpListener::from_std(listener).expect("tokio listener"), Some(acceptor))
+    }
+
     fn serve(listener: TcpListener) -> ApiServer {
+        Self::serve_with(listener, None)
+    }
+
+    fn serve_with(listener: TcpListener, tls: Option<tokio_rustls::TlsAcceptor>) -> ApiServer {
         let addr = listener.local_addr().expect("local addr");
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let shared = Arc::new(Shared { state: Mutex::new(State { rv: 1, ..Default::default() }) });
         let cancel = CancellationToken::new();
         let (s, c) = (shared.clone(), cancel.clone());
@@ -295,26 +325,24 @@ impl ApiServer {
                         Err(_) => continue,
                     },
                 };
-                let (s, c) = (s.clone(), c.clone());
+                let (s, c, tls) = (s.clone(), c.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let s = s.clone();
-                        async move { Ok::<_, Infallible>(handle(s, req).await) }
-                    });
-                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-                    let mut conn = std::pin::pin!(conn);
-                    tokio::select! {
-                        _ = conn.as_mut() => {}
-                        () = c.cancelled() => {}
+                    match tls {
+                        None => serve_connection(stream, s, c).await,
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                serve_connection(stream, s, c).await;
+                            }
+                        }
                     }
                 });
             }
         });
-        ApiServer { addr, shared, cancel }
+        ApiServer { addr, shared, cancel, scheme }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// A client for this server: plain HTTP, no auth.
@@ -547,6 +575,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         uri: req.uri().to_string(),
         kind: routed.as_ref().map(|(k, _)| *k),
         watch,
+        authorization: req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string),
     });
 
     if req.method() == Method::POST && is_events_path(&path) {

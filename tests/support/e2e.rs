@@ -72,6 +72,20 @@ pub async fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> 
 /// 198.18.20.2/30), with the test API server bound in the api namespace. The namespaces (and
 /// so the veth) go away when dropped.
 pub async fn topology(tag: &str) -> (Netns, Netns, ApiServer) {
+    let (api_ns, node_ns) = api_and_node_namespaces(tag).await;
+    let server = ApiServer::start_on(bind_in_netns(&api_ns.name, &format!("{API_IP}:0")));
+    (api_ns, node_ns, server)
+}
+
+/// Like [`topology`], with the API server speaking HTTPS with `acceptor`'s certificate.
+pub async fn topology_tls(tag: &str, acceptor: tokio_rustls::TlsAcceptor) -> (Netns, Netns, ApiServer) {
+    let (api_ns, node_ns) = api_and_node_namespaces(tag).await;
+    let server = ApiServer::start_tls_on(bind_in_netns(&api_ns.name, &format!("{API_IP}:0")), acceptor);
+    (api_ns, node_ns, server)
+}
+
+/// The "api" and "node" namespaces of [`topology`], linked, without a server.
+pub async fn api_and_node_namespaces(tag: &str) -> (Netns, Netns) {
     let api_ns = Netns::create(&format!("{tag}-api"));
     let node_ns = Netns::create(&format!("{tag}-node"));
     let (a, b) = veth_names("kp");
@@ -85,8 +99,7 @@ pub async fn topology(tag: &str) -> (Netns, Netns, ApiServer) {
         ns.ok(&["ip", "link", "set", "lo", "up"]);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let server = ApiServer::start_on(bind_in_netns(&api_ns.name, &format!("{API_IP}:0")));
-    (api_ns, node_ns, server)
+    (api_ns, node_ns)
 }
 
 pub fn kubeconfig_text(server: &ApiServer) -> String {
@@ -143,6 +156,13 @@ impl DaemonProcess {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start daemon");
+        DaemonProcess { child: Some(child), log }
+    }
+
+    /// Starts a prepared command (e.g. the daemon wrapped in `unshare`), stderr into `log`.
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> DaemonProcess {
+        let file = std::fs::File::create(&log).expect("create daemon log");
+        let child = cmd.stdout(Stdio::null()).stderr(file).spawn().expect("start daemon");
         DaemonProcess { child: Some(child), log }
     }
 
