@@ -34,7 +34,7 @@ fn pods_slice(svc: &str, pods: &[&Pod]) -> SliceBuilder {
         .udp("dns", i32::from(SERVE_PORT))
         .tcp("echo", i32::from(ECHO_PORT));
     for p in pods {
-        b = b.endpoint(ep(p.ip).node(p.node));
+        b = b.endpoint(ep(&p.ip).node(p.node));
     }
     b
 }
@@ -43,7 +43,7 @@ fn pods_slice6(svc: &str, pods: &[&Pod]) -> EndpointSlice {
     let mut b =
         slice(NS, svc, &format!("{svc}-6")).ipv6().tcp("http", i32::from(SERVE_PORT)).udp("dns", i32::from(SERVE_PORT));
     for p in pods {
-        b = b.endpoint(ep(p.ip6).node(p.node));
+        b = b.endpoint(ep(&p.ip6).node(p.node));
     }
     b.build()
 }
@@ -222,7 +222,7 @@ async fn external_traffic_policy_local_and_cluster() {
     let out = tcp_requests(&c.client, node_port, Some(CLIENT_IP), 60);
     assert_spread(&out, &[a1.name, b1.name], 0.1, "ETP Cluster");
     for r in out.iter().flatten() {
-        let node_addr = if r.pod == a1.name { a1.node_side } else { NODE_A_TO_B };
+        let node_addr = if r.pod == a1.name { a1.node_side.as_str() } else { NODE_A_TO_B };
         assert_eq!(r.peer, node_addr, "ETP Cluster masquerades to the node ({r:?})");
     }
     pass("5 (externalTrafficPolicy Local keeps the source; Cluster masquerades)", t);
@@ -285,7 +285,11 @@ async fn hairpin_pod_reaches_itself_through_its_service() {
         tcp_requests(&a1.ns, http, None, 10).into_iter().chain(udp_requests(&a1.ns, sa("198.19.0.70", 53), None, 10))
     {
         let r = o.expect("hairpin request");
-        assert_eq!((r.pod.as_str(), r.peer.as_str()), (a1.name, a1.node_side), "hairpin lands on itself, masqueraded");
+        assert_eq!(
+            (r.pod.as_str(), r.peer.as_str()),
+            (a1.name, a1.node_side.as_str()),
+            "hairpin lands on itself, masqueraded"
+        );
     }
     pass("7 (hairpin)", t);
 }
@@ -373,7 +377,10 @@ async fn service_traffic_recovers_from_flushed_rules() {
     let limit = SYNC_PERIOD + Duration::from_secs(3);
     let mut took = Vec::new();
     for (what, fault) in [
-        ("all tables flushed and chains deleted", "for t in mangle nat filter; do iptables-nft -t $t -F && iptables-nft -t $t -X; done"),
+        (
+            "all tables flushed and chains deleted",
+            "for t in mangle nat filter; do iptables-nft -t $t -F && iptables-nft -t $t -X; done",
+        ),
         ("nat -F", "iptables-nft -t nat -F"),
         ("nat -F and -X", "iptables-nft -t nat -F && iptables-nft -t nat -X"),
     ] {

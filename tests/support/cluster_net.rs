@@ -52,9 +52,9 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_millis(1500);
 pub struct Pod {
     pub name: &'static str,
     pub node: &'static str,
-    pub ip: &'static str,
-    pub ip6: &'static str,
-    pub node_side: &'static str,
+    pub ip: String,
+    pub ip6: String,
+    pub node_side: String,
     pub ns: Netns,
 }
 
@@ -138,13 +138,12 @@ impl Cluster {
             );
             ns.ok(&["ip", "route", "add", "default", "via", &gw]);
             ns.ok(&["ip", "-6", "route", "add", "default", "via", &gw6]);
-            let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
             pods.push(Pod {
                 name,
                 node: host,
-                ip: leak(format!("198.18.{net}.2")),
-                ip6: leak(format!("fd00:{net}::2")),
-                node_side: leak(gw),
+                ip: format!("198.18.{net}.2"),
+                ip6: format!("fd00:{net}::2"),
+                node_side: gw,
                 ns,
             });
         }
