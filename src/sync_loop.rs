@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::iptables::Iptables;
-use crate::iptables::monitor::{CANARY_TABLES, CanaryMonitor};
-use crate::proxier::chains::KUBE_PROXY_CANARY;
-use crate::proxier::{Proxier, SyncOutcome, SyncReport};
+use crate::iptables::monitor::{CANARY_TABLES, CanaryMonitor, Sentinel};
+use crate::iptables::{CHAIN_FORWARD, CHAIN_PREROUTING, Table};
+use crate::proxier::chains::{KUBE_FORWARD, KUBE_PROXY_CANARY, KUBE_SERVICES};
+use crate::proxier::{JUMP_CHAINS, Proxier, SyncOutcome, SyncReport};
 use crate::runner::{BoundedFrequencyRunner, RunnerError, RunnerHandle};
 
 /// Syncs allowed back to back before `min_sync_period` applies (upstream's `burstSyncs`).
@@ -36,6 +37,20 @@ pub fn lock(proxier: &Mutex<Proxier>) -> MutexGuard<'_, Proxier> {
     })
 }
 
+/// The jumps the canary monitor watches beyond the canaries, one per table we write: a flush
+/// of just that table (`iptables -t nat -F`) removes it while the canaries stay.
+pub fn sentinel_jumps() -> Vec<Sentinel> {
+    [(Table::Nat, CHAIN_PREROUTING, KUBE_SERVICES), (Table::Filter, CHAIN_FORWARD, KUBE_FORWARD)]
+        .iter()
+        .filter_map(|&(table, src, dst)| JUMP_CHAINS.iter().find(|j| j.table == table && j.src == src && j.dst == dst))
+        .map(|j| Sentinel {
+            table: j.table,
+            chain: j.src.to_string(),
+            args: j.args().iter().map(|a| a.to_string()).collect(),
+        })
+        .collect()
+}
+
 /// One proxier's runner and canary monitor.
 pub struct SyncLoop {
     proxier: SharedProxier,
@@ -53,7 +68,8 @@ impl SyncLoop {
         sync_period: Duration,
     ) -> Result<SyncLoop, RunnerError> {
         let runner = BoundedFrequencyRunner::new("sync-runner", min_sync_period, MAX_INTERVAL, BURST_SYNCS)?;
-        let monitor = CanaryMonitor::new(iptables, KUBE_PROXY_CANARY, &CANARY_TABLES, sync_period);
+        let monitor = CanaryMonitor::new(iptables, KUBE_PROXY_CANARY, &CANARY_TABLES, sync_period)
+            .with_sentinels(sentinel_jumps());
         Ok(SyncLoop { proxier, runner, monitor })
     }
 
@@ -109,5 +125,22 @@ impl SyncLoop {
         if let Err(e) = monitor_task.await {
             tracing::error!(error = %e, "canary monitor task failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both sentinels must match a jump the proxier really writes (a renamed chain would
+    /// silently drop one).
+    #[test]
+    fn sentinels_are_the_proxiers_own_jumps() {
+        let s = sentinel_jumps();
+        assert_eq!(s.len(), 2, "{s:?}");
+        assert_eq!((s[0].table, s[0].chain.as_str()), (Table::Nat, "PREROUTING"));
+        assert_eq!(s[0].args.join(" "), "-m comment --comment kubernetes service portals -j KUBE-SERVICES");
+        assert_eq!((s[1].table, s[1].chain.as_str()), (Table::Filter, "FORWARD"));
+        assert_eq!(s[1].args.last().map(String::as_str), Some("KUBE-FORWARD"));
     }
 }

@@ -86,6 +86,10 @@ impl Iptables for ChainTracker {
         Ok(false)
     }
 
+    fn rule_exists(&self, _table: Table, _chain: &str, _args: &[&str]) -> Result<bool> {
+        Ok(false)
+    }
+
     fn delete_rule(&self, _table: Table, _chain: &str, _args: &[&str]) -> Result<()> {
         Ok(())
     }

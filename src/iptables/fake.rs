@@ -502,6 +502,13 @@ impl Iptables for FakeIptables {
         Ok(inner.table_mut(table).chains.contains_key(chain))
     }
 
+    fn rule_exists(&self, table: Table, chain: &str, args: &[&str]) -> Result<bool> {
+        let mut inner = self.lock();
+        inner.calls.push(format!("rule_exists {table} {chain} {}", render_args(args.iter().copied())));
+        let owned: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Ok(inner.table_mut(table).find_rule(chain, &owned).is_some())
+    }
+
     fn ensure_rule(&self, position: RulePosition, table: Table, chain: &str, args: &[&str]) -> Result<bool> {
         let mut inner = self.lock();
         let text = render_args(args.iter().copied());

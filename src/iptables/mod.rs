@@ -126,6 +126,9 @@ pub trait Iptables: Send + Sync {
     fn chain_exists(&self, table: Table, chain: &str) -> Result<bool>;
     /// Adds the rule unless an identical one exists; `Ok(true)` if it already existed.
     fn ensure_rule(&self, position: RulePosition, table: Table, chain: &str, args: &[&str]) -> Result<bool>;
+    /// Whether an identical rule exists (`iptables -C`; a rule jumping to a missing chain
+    /// does not); changes nothing.
+    fn rule_exists(&self, table: Table, chain: &str, args: &[&str]) -> Result<bool>;
     /// Deletes the rule if present.
     fn delete_rule(&self, table: Table, chain: &str, args: &[&str]) -> Result<()>;
     /// `iptables-save -t table`.

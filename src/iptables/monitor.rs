@@ -8,6 +8,13 @@
 //! not atomic) or [`FLUSH_TIMEOUT`] passes, then the reload callback runs and the canaries
 //! are re-created. On shutdown the canaries are deleted.
 //!
+//! Beyond upstream, the monitor can also watch "sentinel" rules (the proxier's jumps from the
+//! built-in chains): flushing a single table (`iptables -t nat -F`) leaves every canary in
+//! place, yet takes all service traffic down until the next full sync, which upstream only
+//! does on a canary flush. A sentinel that was present and is gone forces that full sync too.
+//! Sentinels only count once they have been seen (the first full sync creates them), so a
+//! proxier that has not synced yet is not reloaded over and over.
+//!
 //! The decisions live in [`CanaryMonitor::step`], a synchronous function that does one
 //! round of iptables calls and says how long to wait before the next, so tests can drive it
 //! directly; [`CanaryMonitor::run`] is the tokio loop around it, running each step on the
@@ -38,6 +45,14 @@ enum State {
     Flushing { deadline: Instant },
 }
 
+/// A rule whose disappearance means its table was flushed from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sentinel {
+    pub table: Table,
+    pub chain: String,
+    pub args: Vec<String>,
+}
+
 /// What one [`CanaryMonitor::step`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
@@ -56,6 +71,9 @@ pub struct CanaryMonitor {
     flush_poll: Duration,
     flush_timeout: Duration,
     state: State,
+    sentinels: Vec<Sentinel>,
+    /// All sentinels were present at the last check (so a missing one now was removed).
+    sentinels_seen: bool,
 }
 
 impl std::fmt::Debug for CanaryMonitor {
@@ -81,7 +99,15 @@ impl CanaryMonitor {
             flush_poll: FLUSH_POLL_INTERVAL,
             flush_timeout: FLUSH_TIMEOUT,
             state: State::Setup,
+            sentinels: Vec::new(),
+            sentinels_seen: false,
         }
+    }
+
+    /// Also watches `sentinels` (see the module docs), after the first table's canary.
+    pub fn with_sentinels(mut self, sentinels: Vec<Sentinel>) -> Self {
+        self.sentinels = sentinels;
+        self
     }
 
     /// Overrides [`FLUSH_POLL_INTERVAL`] and [`FLUSH_TIMEOUT`].
@@ -108,6 +134,11 @@ impl CanaryMonitor {
                 Step { reload: false, next_in: self.interval }
             }
             State::Watching => match self.iptables.chain_exists(first, &self.canary) {
+                Ok(true) if self.sentinel_removed() => {
+                    // Re-create whatever canaries went with the rules (`-F` then `-X`).
+                    self.state = State::Setup;
+                    Step { reload: true, next_in: Duration::ZERO }
+                }
                 Ok(true) => Step { reload: false, next_in: self.interval },
                 Err(e) => {
                     tracing::error!(table = %first, chain = %self.canary, error = %e, "could not check for iptables canary");
@@ -131,9 +162,36 @@ impl CanaryMonitor {
                 }
                 tracing::info!("reloading after iptables flush");
                 self.state = State::Setup;
+                self.sentinels_seen = false;
                 Step { reload: true, next_in: Duration::ZERO }
             }
         }
+    }
+
+    /// Whether a sentinel seen at the last check is gone now; a missing one that was never
+    /// seen (rules not written yet) does not count, and a failed check counts as present.
+    fn sentinel_removed(&mut self) -> bool {
+        for s in &self.sentinels {
+            let args: Vec<&str> = s.args.iter().map(String::as_str).collect();
+            match self.iptables.rule_exists(s.table, &s.chain, &args) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let removed = self.sentinels_seen;
+                    if removed {
+                        tracing::info!(table = %s.table, chain = %s.chain, rule = %s.args.join(" "),
+                            "a rule of ours vanished (table flushed from outside); forcing a full resync");
+                    }
+                    self.sentinels_seen = false;
+                    return removed;
+                }
+                Err(e) => {
+                    tracing::error!(table = %s.table, chain = %s.chain, error = %e, "could not check for a sentinel rule");
+                    return false;
+                }
+            }
+        }
+        self.sentinels_seen = true;
+        false
     }
 
     /// Deletes the canaries (on shutdown); failures are logged.
@@ -246,6 +304,59 @@ mod tests {
         assert_eq!(m.step(t1 + SEC * 5 - Duration::from_millis(30)).next_in, Duration::from_millis(30));
         // At the deadline: reload anyway (inconsistent state).
         assert!(m.step(t1 + FLUSH_TIMEOUT).reload);
+    }
+
+    fn sentinel() -> Sentinel {
+        let args = ["-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES"];
+        Sentinel { table: Table::Nat, chain: "PREROUTING".into(), args: args.iter().map(|a| a.to_string()).collect() }
+    }
+
+    fn add_sentinel(fake: &FakeIptables) {
+        let s = sentinel();
+        let args: Vec<&str> = s.args.iter().map(String::as_str).collect();
+        fake.ensure_chain(Table::Nat, "KUBE-SERVICES").expect("chain");
+        fake.ensure_rule(crate::iptables::RulePosition::Prepend, Table::Nat, &s.chain, &args).expect("rule");
+    }
+
+    /// `iptables -t nat -F` leaves every canary but removes our jumps: the sentinel catches
+    /// it within one interval, once it has been seen.
+    #[test]
+    fn flushed_single_table_is_caught_by_a_sentinel() {
+        let (fake, m) = setup();
+        let mut m = m.with_sentinels(vec![sentinel()]);
+        let t0 = Instant::now();
+        m.step(t0);
+        // Not written yet (no full sync so far): no reload, however often we look.
+        assert!(!m.step(t0 + SEC * 30).reload);
+        assert!(!m.step(t0 + SEC * 60).reload);
+        add_sentinel(&fake);
+        assert!(!m.step(t0 + SEC * 90).reload, "seen now");
+        fake.flush_chain(Table::Nat, "PREROUTING").expect("flush");
+        assert_eq!(m.step(t0 + SEC * 120), Step { reload: true, next_in: Duration::ZERO });
+        // Back to setup: canaries ensured, and the sentinel must be seen again before it counts.
+        assert!(!m.step(t0 + SEC * 120).reload);
+        assert!(!m.step(t0 + SEC * 150).reload, "still missing but not seen since the reload");
+        add_sentinel(&fake);
+        assert!(!m.step(t0 + SEC * 180).reload);
+        assert!(has_canary(&fake, Table::Nat));
+    }
+
+    /// Flushing and deleting one table's chains (`-F` then `-X`) reloads and re-creates that
+    /// table's canary.
+    #[test]
+    fn deleted_chains_of_one_table_reload_and_recreate_its_canary() {
+        let (fake, m) = setup();
+        let mut m = m.with_sentinels(vec![sentinel()]);
+        let t0 = Instant::now();
+        m.step(t0);
+        add_sentinel(&fake);
+        assert!(!m.step(t0 + SEC * 30).reload);
+        fake.flush_chain(Table::Nat, "PREROUTING").expect("flush");
+        fake.delete_chain(Table::Nat, "KUBE-SERVICES").expect("delete");
+        fake.delete_chain(Table::Nat, CANARY).expect("delete");
+        assert!(m.step(t0 + SEC * 60).reload);
+        m.step(t0 + SEC * 60);
+        assert!(has_canary(&fake, Table::Nat), "re-created");
     }
 
     #[test]

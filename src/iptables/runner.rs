@@ -545,6 +545,11 @@ impl Iptables for IptablesRunner {
         if out.success() { Ok(false) } else { Err(failed(&cmd, &out)) }
     }
 
+    fn rule_exists(&self, table: Table, chain: &str, args: &[&str]) -> Result<bool> {
+        let _serial = self.lock();
+        self.check_rule(table, chain, args)
+    }
+
     fn delete_rule(&self, table: Table, chain: &str, args: &[&str]) -> Result<()> {
         let _serial = self.lock();
         if !self.check_rule(table, chain, args)? {

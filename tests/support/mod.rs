@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod cluster_net;
 pub mod e2e;
 pub mod fixtures;
 pub mod harness;
