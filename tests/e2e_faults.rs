@@ -33,7 +33,7 @@ use serde_json::json;
 
 use crate::require_root;
 use crate::support::apiserver::{ApiServer, Kind};
-use crate::support::e2e::{DaemonProcess, NODE_IP, TempDir, in_netns, nat, topology};
+use crate::support::e2e::{DaemonProcess, NODE_IP, TempDir, bind_in_netns, in_netns, nat, topology};
 use crate::support::fixtures::{ep, node, slice, svc};
 use crate::support::netns::Netns;
 
@@ -54,7 +54,7 @@ struct Testbed {
     dir: TempDir,
     server: ApiServer,
     node_ns: Netns,
-    _api_ns: Netns,
+    api_ns: Netns,
     args: Vec<String>,
 }
 
@@ -76,7 +76,7 @@ impl Testbed {
             format!("--metrics-bind-address={METRICS}"),
             "-v=2".into(),
         ];
-        Testbed { daemon: None, dir, server, node_ns, _api_ns: api_ns, args }
+        Testbed { daemon: None, dir, server, node_ns, api_ns, args }
     }
 
     /// Starts the daemon with `env` added to its environment.
@@ -104,8 +104,10 @@ impl Testbed {
     /// The expected rules of both families for the server's current objects (see the module
     /// docs), canonical.
     fn expected(&self) -> BTreeMap<IpFamily, String> {
-        let cli = kube_proxy_rs::cli::Cli::try_parse_from(std::iter::once("kube-proxy-rs".to_string()).chain(self.args.clone()))
-            .expect("daemon flags parse");
+        let cli = kube_proxy_rs::cli::Cli::try_parse_from(
+            std::iter::once("kube-proxy-rs".to_string()).chain(self.args.clone()),
+        )
+        .expect("daemon flags parse");
         let cfg = kube_proxy_rs::options::effective_config(&cli.daemon).expect("effective config");
         let settings = kube_proxy_rs::config::Settings::from_config(&cfg).expect("valid settings");
         let hostname = settings.hostname_override.clone().expect("hostname override");
@@ -183,7 +185,10 @@ impl Testbed {
                 for f in FAMILIES {
                     text.push_str(&format!("{f}:\n{}", diff(&expected[&f], &actual[&f])));
                 }
-                panic!("{what}: the node's rules do not match the API state (- expected, + actual):\n{text}\ndaemon log:\n{}", self.log());
+                panic!(
+                    "{what}: the node's rules do not match the API state (- expected, + actual):\n{text}\ndaemon log:\n{}",
+                    self.log()
+                );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -191,7 +196,11 @@ impl Testbed {
         tokio::time::sleep(SYNC_PERIOD + Duration::from_millis(500)).await;
         let actual = self.actual();
         for f in FAMILIES {
-            assert!(actual[&f] == expected[&f], "{what}: {f} rules changed after a periodic sync:\n{}", diff(&expected[&f], &actual[&f]));
+            assert!(
+                actual[&f] == expected[&f],
+                "{what}: {f} rules changed after a periodic sync:\n{}",
+                diff(&expected[&f], &actual[&f])
+            );
         }
     }
 }
@@ -389,7 +398,8 @@ async fn relist_500s_then_recovers() {
     t.server.delete(&svc("ns1", "np").build());
     t.server.delete(&slice("ns1", "np", "np-1").build());
     t.server.update(&web_slice(&["198.19.1.9"]));
-    t.server.create(&svc("ns4", "new").type_("NodePort").cluster_ip("198.18.100.8").node_port("http", 80, 30081).build());
+    t.server
+        .create(&svc("ns4", "new").type_("NodePort").cluster_ip("198.18.100.8").node_port("http", 80, 30081).build());
     t.server.create(&slice("ns4", "new", "new-1").tcp("http", 80).ips(&["198.19.8.1", "198.19.8.2"]).build());
 
     t.wait_exact("after failing re-lists").await;
@@ -463,6 +473,7 @@ async fn iptables_restore_failures_turn_healthz_503_and_recover() {
         assert!(at < 2 * SYNC_PERIOD + Duration::from_secs(8), "/healthz never turned 503\n{}", t.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    eprintln!("/healthz turned 503 {unhealthy_at:?} after the change");
     assert!(unhealthy_at >= 2 * SYNC_PERIOD, "503 after {unhealthy_at:?}, before 2 × syncPeriod");
     assert!(saw_healthy_after_one_period, "still 200 one sync period after the change");
     let (_, body) = http_get(&t.node_ns, HEALTHZ, "/healthz").expect("healthz answers");
@@ -533,7 +544,11 @@ async fn malformed_objects_are_skipped_with_warnings() {
         "198.18.100.22",
         json!([{"name": "http", "protocol": "TCP", "port": 80}, {"name": "http", "protocol": "TCP", "port": 81}]),
     ));
-    t.server.apply_raw(raw_service("bad-proto", "198.18.100.23", json!([{"name": "x", "protocol": "FOO", "port": 80}])));
+    t.server.apply_raw(raw_service(
+        "bad-proto",
+        "198.18.100.23",
+        json!([{"name": "x", "protocol": "FOO", "port": 80}]),
+    ));
     // A good service beside them, whose slice also carries a port of unknown protocol.
     t.server.create(&svc("ns5", "good").cluster_ip("198.18.100.24").tcp("http", 80).build());
     t.server.create(&slice("ns5", "good", "good-1").tcp("http", 8080).ips(&["198.19.5.1"]).build());
@@ -569,4 +584,101 @@ async fn malformed_objects_are_skipped_with_warnings() {
     let filter = t.node_ns.ok(&["iptables-nft-save", "-t", "filter"]);
     assert!(filter.contains("-d 198.18.100.20/32") && filter.contains("ns5/bad-ip:http has no endpoints"), "{filter}");
     t.assert_alive();
+}
+
+/// Our chains (other than the canary) in the node's filter and nat tables, both families.
+fn programmed_chains(ns: &Netns) -> Vec<String> {
+    let mut out = Vec::new();
+    for family in FAMILIES {
+        let ipt = ns.runner(Backend::Nft, family);
+        for table in [Table::Filter, Table::Nat] {
+            let mut buf = Vec::new();
+            ipt.save_into(table, &mut buf).expect("save");
+            let dump = Dump::parse(&String::from_utf8(buf).expect("utf-8")).expect("save output parses");
+            for t in &dump.tables {
+                for c in &t.chains {
+                    let ours = c.name.starts_with("KUBE-") && !IGNORED_CHAINS.contains(&c.name.as_str());
+                    let jumps = c.rules.iter().any(|r| r.contains("-j KUBE-"));
+                    if ours || jumps {
+                        out.push(format!("{family} {table} {}", c.name));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The EndpointSlice list is held at start-up while the Service list answers at once: the
+/// daemon must not program anything until both initial lists are in (upstream's
+/// initialized gate), then programs exactly the API state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_slice_list_at_startup_programs_nothing_until_listed() {
+    require_root!();
+    let mut t = Testbed::new("fstall").await;
+    seed(&t.server);
+    let stall = Duration::from_secs(8);
+    t.server.stall_of(Kind::EndpointSlice, stall);
+    let stalled = Instant::now();
+    t.start(&[]);
+
+    let mut services_listed = false;
+    while stalled.elapsed() < stall - Duration::from_millis(1500) {
+        services_listed |= t.log().contains("services listed");
+        let chains = programmed_chains(&t.node_ns);
+        assert!(chains.is_empty(), "programmed before the slices were listed: {chains:?}\n{}", t.log());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(services_listed, "the service list came in while slices were held:\n{}", t.log());
+    assert!(!t.log().contains("endpoint slices listed"), "the slice list was held:\n{}", t.log());
+    t.wait_exact("once the slice list arrived").await;
+}
+
+/// The API server goes away (connections refused, open watches dropped) and comes back on
+/// the same address, twice: the rules stay while it is gone, and the changes made meanwhile
+/// (the second time with the resource versions expired too, as after an etcd compaction)
+/// are all applied once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_server_down_then_back_loses_nothing() {
+    require_root!();
+    let mut t = synced_testbed("fdown").await;
+    let addr = t.server.addr().to_string();
+    for round in 0..2 {
+        let before = t.actual();
+        t.server.go_down();
+        let down = Instant::now();
+        if round == 1 {
+            t.server.compact();
+        }
+        t.server.create(
+            &svc("ns6", &format!("while-down-{round}"))
+                .cluster_ip(&format!("198.18.100.{}", 30 + round))
+                .tcp("http", 80)
+                .build(),
+        );
+        t.server.create(
+            &slice("ns6", &format!("while-down-{round}"), &format!("while-down-{round}-1"))
+                .tcp("http", 80)
+                .ips(&[&format!("198.19.6.{}", 10 + round)])
+                .build(),
+        );
+        if round == 0 {
+            t.server.delete(&svc("ns2", "dns").build());
+            t.server.update(&web_slice(&["198.19.1.5"]));
+        } else {
+            t.server.delete(&svc("ns1", "web").build());
+            t.server.delete(&web_slice(&[]));
+            t.server.delete(&slice("ns2", "dns", "dns-1").build());
+        }
+        // Gone for a while: the rules stay as they were and the daemon keeps running.
+        while down.elapsed() < Duration::from_secs(4) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(t.actual() == before, "round {round}: rules changed while the API server was down");
+            assert_eq!(healthz(&t.node_ns), Some(200), "round {round}: nothing queued, so still healthy");
+        }
+        t.assert_alive();
+        t.server.come_back_on(bind_in_netns(&t.api_ns.name, &addr));
+        t.wait_exact(&format!("round {round}: after the API server came back")).await;
+    }
+    assert!(t.server.expired_watches() >= 1, "the second outage expired the watches");
 }

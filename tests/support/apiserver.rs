@@ -669,7 +669,8 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let failure = {
         let mut st = shared.lock();
         let at = st.failures.iter().position(|(k, _)| k.is_none_or(|k| k == kind));
-        let list_at = (!watch).then(|| st.list_failures.iter().position(|(k, _)| k.is_none_or(|k| k == kind))).flatten();
+        let list_at =
+            (!watch).then(|| st.list_failures.iter().position(|(k, _)| k.is_none_or(|k| k == kind))).flatten();
         match (at, list_at) {
             (Some(i), _) => Some(st.failures.remove(i).1),
             (None, Some(i)) => Some(st.list_failures.remove(i).1),
