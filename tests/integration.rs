@@ -6,6 +6,7 @@ mod daemon_assembly;
 mod daemon_cli;
 mod daemon_e2e;
 mod docs_reference;
+mod e2e_faults;
 mod e2e_traffic;
 mod golden;
 mod iptables_real;

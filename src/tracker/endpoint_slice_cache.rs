@@ -179,7 +179,7 @@ impl Builder<'_> {
                     Some(p) => match Protocol::from_api(p) {
                         Some(protocol) => protocol,
                         None => {
-                            tracing::warn!(%service, port = port_name.as_str(), protocol = p, "ignoring endpoint port with unknown protocol");
+                            tracing::warn!(%service, slice = slice.metadata.name.as_deref().unwrap_or(""), port = port_name.as_str(), protocol = p, "ignoring endpoint port with unknown protocol");
                             continue;
                         }
                     },
@@ -216,6 +216,7 @@ impl Builder<'_> {
                 Some(ip) if IpFamily::of(&ip) == self.family => {}
                 _ => {
                     tracing::warn!(
+                        service = %service_port,
                         slice = slice_name,
                         address = address.as_str(),
                         family = %self.family,

@@ -26,7 +26,9 @@
 //! watchers; [`ApiServer::close_watches`] ends every open watch stream cleanly and
 //! [`ApiServer::cut_watches`] cuts their connections;
 //! [`ApiServer::compact`] expires every older resource version; [`ApiServer::fail_next`]
-//! answers the next requests with an error status; [`ApiServer::stall`] delays requests.
+//! answers the next requests with an error status; [`ApiServer::stall`] delays requests;
+//! [`ApiServer::go_down`] / [`ApiServer::come_back_on`] take the server off the network and
+//! back; [`ApiServer::apply_raw`] stores raw JSON (objects no valid API server would hold).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -223,6 +225,8 @@ struct State {
     compacted: u64,
     watchers: Vec<Watcher>,
     failures: Vec<(Option<Kind>, u16)>,
+    /// Like `failures`, for list (non-watch) requests only.
+    list_failures: Vec<(Option<Kind>, u16)>,
     stalled_until: Option<(Option<Kind>, Instant)>,
     events: Vec<Value>,
     requests: Vec<RequestLog>,
@@ -245,6 +249,7 @@ pub struct ApiServer {
     shared: Arc<Shared>,
     cancel: CancellationToken,
     scheme: &'static str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Drop for ApiServer {
@@ -315,7 +320,16 @@ impl ApiServer {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let shared = Arc::new(Shared { state: Mutex::new(State { rv: 1, ..Default::default() }) });
         let cancel = CancellationToken::new();
-        let (s, c) = (shared.clone(), cancel.clone());
+        Self::accept_loop(listener, shared.clone(), cancel.clone(), tls.clone());
+        ApiServer { addr, shared, cancel, scheme, tls }
+    }
+
+    fn accept_loop(
+        listener: TcpListener,
+        s: Arc<Shared>,
+        c: CancellationToken,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) {
         tokio::spawn(async move {
             loop {
                 let stream = tokio::select! {
@@ -338,7 +352,6 @@ impl ApiServer {
                 });
             }
         });
-        ApiServer { addr, shared, cancel, scheme }
     }
 
     pub fn url(&self) -> String {
@@ -460,6 +473,74 @@ impl ApiServer {
         let mut st = self.shared.lock();
         st.watchers.retain(|w| !w.tx.is_closed());
         st.watchers.iter().filter(|w| w.filter.kind == kind).count()
+    }
+
+    /// Takes the server off the network, as an apiserver outage would: the listener closes
+    /// (connections are refused) and every open connection, watches included, is dropped.
+    /// The objects stay; [`ApiServer::come_back_on`] serves them again.
+    pub fn go_down(&mut self) {
+        self.cancel.cancel();
+        self.close_watches();
+    }
+
+    /// Serves the same objects again on `listener` (bound to the same address, so clients
+    /// reconnect) after [`ApiServer::go_down`].
+    pub fn come_back_on(&mut self, listener: std::net::TcpListener) {
+        listener.set_nonblocking(true).expect("nonblocking");
+        let listener = TcpListener::from_std(listener).expect("tokio listener");
+        assert_eq!(listener.local_addr().expect("local addr"), self.addr, "come back on the same address");
+        self.cancel = CancellationToken::new();
+        Self::accept_loop(listener, self.shared.clone(), self.cancel.clone(), self.tls.clone());
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The current objects of `kind` as stored (JSON, sorted by namespace and name).
+    pub fn values(&self, kind: Kind) -> Vec<Value> {
+        self.shared.lock().objects.iter().filter(|(k, _)| k.0 == kind).map(|(_, v)| v.clone()).collect()
+    }
+
+    /// The current objects of type `K`, decoded from what is stored.
+    pub fn objects<K: k8s_openapi::Resource + serde::de::DeserializeOwned>(&self) -> Vec<K> {
+        let kind = Kind::from_kind(K::KIND).unwrap_or_else(|| panic!("the test API server does not serve {}", K::KIND));
+        self.values(kind).into_iter().map(|v| serde_json::from_value(v).expect("stored object decodes")).collect()
+    }
+
+    /// Creates or replaces a raw JSON object (`kind` and `metadata.name` must be set;
+    /// `apiVersion` is filled in). For objects the typed builders cannot express, such as a
+    /// field no valid object would hold. Returns the resource version.
+    #[track_caller]
+    pub fn apply_raw(&self, mut obj: Value) -> u64 {
+        let kind = obj["kind"].as_str().and_then(Kind::from_kind).expect("raw object with a served kind");
+        obj["apiVersion"] = json!(kind.api_version());
+        assert!(obj["metadata"]["name"].is_string(), "raw object without metadata.name: {obj}");
+        let key = key_of(kind, &obj);
+        self.shared.lock().change(kind, key, Some(obj))
+    }
+
+    /// Deletes the object of `kind` named `namespace`/`name` (which must exist).
+    #[track_caller]
+    pub fn delete_named(&self, kind: Kind, namespace: &str, name: &str) -> u64 {
+        let key = (kind, namespace.to_string(), name.to_string());
+        let mut st = self.shared.lock();
+        assert!(st.objects.contains_key(&key), "{key:?} does not exist");
+        st.change(kind, key, None)
+    }
+
+    /// Answers the next `n` list requests (not watches) of `kind` with `status`: a re-list
+    /// that fails while watches would not.
+    pub fn fail_next_lists_of(&self, kind: Kind, n: usize, status: u16) {
+        self.shared.lock().list_failures.extend(std::iter::repeat_n((Some(kind), status), n));
+    }
+
+    /// How many injected failures ([`ApiServer::fail_next`], [`ApiServer::fail_next_lists_of`])
+    /// are still to be answered.
+    pub fn pending_failures(&self) -> usize {
+        let st = self.shared.lock();
+        st.failures.len() + st.list_failures.len()
     }
 }
 
@@ -623,7 +704,13 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let failure = {
         let mut st = shared.lock();
         let at = st.failures.iter().position(|(k, _)| k.is_none_or(|k| k == kind));
-        at.map(|i| st.failures.remove(i).1)
+        let list_at =
+            (!watch).then(|| st.list_failures.iter().position(|(k, _)| k.is_none_or(|k| k == kind))).flatten();
+        match (at, list_at) {
+            (Some(i), _) => Some(st.failures.remove(i).1),
+            (None, Some(i)) => Some(st.list_failures.remove(i).1),
+            (None, None) => None,
+        }
     };
     if let Some(code) = failure {
         return error_response(code, "InternalError", "injected failure");
