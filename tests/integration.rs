@@ -5,6 +5,7 @@ mod conntrack_real;
 mod daemon_assembly;
 mod daemon_cli;
 mod daemon_e2e;
+mod events;
 mod golden;
 mod iptables_real;
 mod k8s_events;
