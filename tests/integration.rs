@@ -5,6 +5,7 @@ mod conntrack_real;
 mod daemon_assembly;
 mod daemon_cli;
 mod daemon_e2e;
+mod e2e_events;
 mod events;
 mod golden;
 mod iptables_real;
