@@ -209,13 +209,14 @@ async fn daemon_main(
     let v6: Arc<dyn Iptables> = Arc::new(runners.next().ok_or_else(|| AppError::Config("no ip6tables runner".into()))?);
     let sysctl: Arc<dyn crate::sysctl::Sysctl> = Arc::new(crate::sysctl::ProcSysctl::new());
     let interfaces: Arc<dyn crate::proxier::NetworkInterfaces> = Arc::new(HostInterfaces);
-    if let Err(e) = crate::sysctl::apply_conntrack_settings(
+    match crate::sysctl::apply_conntrack_settings(
         sysctl.as_ref(),
         &crate::sysctl::RealConntrackSysfs::default(),
         &settings.conntrack,
         crate::sysctl::detect_num_cpu(),
     ) {
-        tracing::error!(error = %e, "failed to apply conntrack settings");
+        Ok(outcome) => crate::daemon::report_conntrack_outcome(&outcome, &hostname, events.as_ref()),
+        Err(e) => tracing::error!(error = %e, "failed to apply conntrack settings"),
     }
     let deps = DaemonDeps {
         iptables_v4: Some(v4),

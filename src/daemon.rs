@@ -31,7 +31,10 @@ use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, SyncReport};
 use crate::sync_loop::{SharedProxier, SyncLoop, lock};
-use crate::sysctl::{Sysctl, conntrack_tcp_be_liberal, ensure_route_localnet};
+use crate::sysctl::{
+    ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, conntrack_tcp_be_liberal,
+    ensure_route_localnet,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -241,6 +244,20 @@ pub fn sync_service_health(server: &ServiceHealthServer, proxiers: &[SharedProxi
         );
     }
     server.sync_endpoints(&local);
+}
+
+/// Upstream's Node event when the conntrack hash table could not be resized because `/sys`
+/// is read-only (reason and message as upstream writes them).
+pub fn report_conntrack_outcome(outcome: &ConntrackOutcome, hostname: &str, events: &dyn EventRecorder) {
+    if outcome.read_only_sysfs {
+        events.record(
+            node_ref(hostname),
+            EventType::Warning,
+            READ_ONLY_SYSFS_REASON,
+            ACTION_START,
+            READ_ONLY_SYSFS_MESSAGE,
+        );
+    }
 }
 
 /// The service health-check server listening on the node-port addresses of all families.

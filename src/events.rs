@@ -383,6 +383,9 @@ pub struct EventOptions {
     pub max_cached: usize,
     /// How long the task keeps writing after shutdown.
     pub shutdown_flush: Duration,
+    /// Longest one write may take before it counts as a transient failure (a hung API server
+    /// must not hold the queue for the client's minutes-long read timeout).
+    pub write_timeout: Duration,
 }
 
 impl Default for EventOptions {
@@ -394,6 +397,7 @@ impl Default for EventOptions {
             max_attempts: 12,
             max_cached: 4096,
             shutdown_flush: Duration::from_secs(2),
+            write_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -487,6 +491,14 @@ enum WriteError {
         #[source]
         source: kube::Error,
     },
+    #[error("event {name} already exists: {source}")]
+    AlreadyExists {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing event {name} took longer than {timeout:?}")]
+    TimedOut { name: String, timeout: Duration },
 }
 
 /// A write waiting to be tried again.
@@ -511,14 +523,19 @@ impl Worker {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
-            tokio::select! {
+            // The tick goes before records so a steady stream of them cannot starve the
+            // series patches and retries; writes in progress give way to shutdown.
+            let stopped = tokio::select! {
                 biased;
-                () = shutdown.cancelled() => break,
+                () = shutdown.cancelled() => true,
+                _ = tick.tick() => until_cancelled(&shutdown, self.on_tick()).await,
                 record = rx.recv() => match record {
-                    Some(record) => self.on_record(&record).await,
-                    None => break,
+                    Some(record) => until_cancelled(&shutdown, self.on_record(&record)).await,
+                    None => true,
                 },
-                _ = tick.tick() => self.on_tick().await,
+            };
+            if stopped {
+                break;
             }
         }
         // Write what is still queued or owed, briefly: the process is stopping.
@@ -544,11 +561,12 @@ impl Worker {
     }
 
     async fn on_tick(&mut self) {
-        for op in self.aggregator.flush(Instant::now()) {
-            self.write(op, 0, true).await;
-        }
+        // Retries first: a create that failed goes before the patches of its series.
         for Retry { op, attempts } in std::mem::take(&mut self.retries) {
             self.write(op, attempts, true).await;
+        }
+        for op in self.aggregator.flush(Instant::now()) {
+            self.write(op, 0, true).await;
         }
     }
 
@@ -560,7 +578,9 @@ impl Worker {
         };
         let attempts = attempts + 1;
         match err {
-            WriteError::Transient { .. } if retry && attempts < self.options.max_attempts => {
+            WriteError::Transient { .. } | WriteError::TimedOut { .. }
+                if retry && attempts < self.options.max_attempts =>
+            {
                 tracing::warn!(error = %err, attempts, "failed to write event; will retry");
                 if self.retries.len() >= self.options.queue_capacity {
                     // Oldest first out: the newest events say the most about now.
@@ -568,14 +588,24 @@ impl Worker {
                 }
                 self.retries.push_back(Retry { op, attempts });
             }
-            WriteError::Transient { .. } => {
+            WriteError::Transient { .. } | WriteError::TimedOut { .. } => {
                 tracing::error!(error = %err, attempts, "failed to write event; giving up")
             }
             WriteError::Rejected { .. } => tracing::error!(error = %err, "event rejected; not retrying"),
+            // A retried create after its series already re-created the Event: nothing lost.
+            WriteError::AlreadyExists { .. } => tracing::debug!(error = %err, "event already exists"),
         }
     }
 
     async fn try_write(&self, op: &EventOp) -> Result<(), WriteError> {
+        let timeout = self.options.write_timeout;
+        match tokio::time::timeout(timeout, self.try_write_once(op)).await {
+            Ok(result) => result,
+            Err(_) => Err(WriteError::TimedOut { name: op.event().metadata.name.clone().unwrap_or_default(), timeout }),
+        }
+    }
+
+    async fn try_write_once(&self, op: &EventOp) -> Result<(), WriteError> {
         let event = op.event();
         let name = event.metadata.name.clone().unwrap_or_default();
         let namespace = event.metadata.namespace.as_deref().unwrap_or("default");
@@ -599,10 +629,20 @@ impl Worker {
     }
 }
 
+/// Runs `work` unless `shutdown` fires first; returns whether it did.
+async fn until_cancelled(shutdown: &CancellationToken, work: impl std::future::Future<Output = ()>) -> bool {
+    tokio::select! {
+        biased;
+        () = shutdown.cancelled() => true,
+        () = work => false,
+    }
+}
+
 /// Upstream `recordEvent`: server rejections are final (a conflict or a bad object will not
 /// get better); throttling, server errors and transport failures are worth another try.
 fn classify(name: String, source: kube::Error) -> WriteError {
     match &source {
+        kube::Error::Api(status) if status.code == 409 => WriteError::AlreadyExists { name, source },
         kube::Error::Api(status) if status.code == 429 || status.code >= 500 => WriteError::Transient { name, source },
         kube::Error::Api(_) => WriteError::Rejected { name, source },
         _ => WriteError::Transient { name, source },

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
 use kube_proxy_rs::config::{KubeProxyConfiguration, Settings};
-use kube_proxy_rs::daemon::{Daemon, DaemonDeps};
+use kube_proxy_rs::daemon::{Daemon, DaemonDeps, report_conntrack_outcome};
 use kube_proxy_rs::events::{
     EventOptions, EventRecord, EventRecorder, EventType, FakeEventRecorder, KubeEventRecorder, node_ref,
     reporting_instance, service_ref,
@@ -21,7 +21,7 @@ use kube_proxy_rs::k8s::{ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::StaticInterfaces;
 use kube_proxy_rs::sync_loop::lock;
-use kube_proxy_rs::sysctl::FakeSysctl;
+use kube_proxy_rs::sysctl::{ConntrackOutcome, FakeSysctl};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -78,6 +78,21 @@ fn startup_event_is_on_the_node() {
     );
     let r = &events.records()[0].regarding;
     assert_eq!((r.kind.as_deref(), r.name.as_deref(), r.uid.as_deref()), (Some("Node"), Some(NODE), Some(NODE)));
+}
+
+#[test]
+fn a_read_only_sys_is_reported_on_the_node_as_upstream_does() {
+    let events = FakeEventRecorder::new();
+    report_conntrack_outcome(&ConntrackOutcome { read_only_sysfs: false }, NODE, &events);
+    assert!(events.records().is_empty());
+    report_conntrack_outcome(&ConntrackOutcome { read_only_sysfs: true }, NODE, &events);
+    let records = events.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].regarding, node_ref(NODE));
+    assert_eq!(records[0].type_, EventType::Warning);
+    assert_eq!(records[0].reason, "readOnlySysFS");
+    assert_eq!(records[0].action, "StartKubeProxy");
+    assert!(records[0].note.starts_with("CRI error: /sys is read-only"), "{}", records[0].note);
 }
 
 #[test]
@@ -380,4 +395,37 @@ async fn a_full_queue_drops_and_counts_without_blocking() {
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("recorder stops").expect("task");
     recorder.record(node_ref(NODE), EventType::Normal, "Starting", "StartKubeProxy", "late");
     assert_eq!(recorder.dropped(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_api_server_neither_blocks_callers_nor_holds_shutdown() {
+    // Accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let client = kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    let options = EventOptions {
+        write_timeout: Duration::from_millis(200),
+        shutdown_flush: Duration::from_millis(200),
+        ..fast_options()
+    };
+    let shutdown = CancellationToken::new();
+    let (recorder, task) = KubeEventRecorder::start(client, reporting_instance(NODE), options, shutdown.clone());
+    let started = Instant::now();
+    for i in 0..50 {
+        recorder.record(node_ref(NODE), EventType::Normal, "Starting", "StartKubeProxy", &format!("n{i}"));
+    }
+    assert!(started.elapsed() < Duration::from_millis(100), "recording never waits for the server");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let stopping = Instant::now();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(2), task).await.expect("stops despite the hung server").expect("task");
+    assert!(stopping.elapsed() < Duration::from_secs(1), "took {:?}", stopping.elapsed());
+    hold.abort();
 }
