@@ -137,7 +137,8 @@ async fn fetch_node(client: &kube::Client, name: &str) -> Option<k8s_openapi::ap
     None
 }
 
-/// What failed to bind, for the Warning event on the Node: (reason, note prefix).
+/// How a server that cannot bind is reported: a Warning with `reason` on this Node, raised on
+/// every retry (the recorder folds the repeats into one series).
 struct BindFailure<'a> {
     events: &'a dyn crate::events::EventRecorder,
     node: &'a str,
