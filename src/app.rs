@@ -156,17 +156,37 @@ async fn fetch_node(client: &kube::Client, name: &str) -> Option<k8s_openapi::ap
     None
 }
 
+/// How a server that cannot bind is reported: a Warning with `reason` on this Node, raised on
+/// every retry (the recorder folds the repeats into one series).
+struct BindFailure<'a> {
+    events: &'a dyn crate::events::EventRecorder,
+    node: &'a str,
+    reason: &'static str,
+}
+
+impl BindFailure<'_> {
+    fn report(&self, what: &str, addr: std::net::SocketAddr, error: &dyn std::fmt::Display) {
+        use crate::events::{ACTION_START, EventType, node_ref};
+        let note = format!("failed to start {what} on {addr}: {error}");
+        self.events.record(node_ref(self.node), EventType::Warning, self.reason, ACTION_START, &note);
+    }
+}
+
 async fn bind_or_retry(
     what: &'static str,
     addr: std::net::SocketAddr,
     hard_fail: bool,
+    failure: &BindFailure<'_>,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<Option<tokio::net::TcpListener>, AppError> {
     loop {
         match crate::http::bind(addr).await {
             Ok(l) => return Ok(Some(l)),
             Err(e) if hard_fail => return Err(AppError::Bind { what, addr, reason: e.to_string() }),
-            Err(e) => tracing::error!(what, %addr, error = %e, "failed to bind; retrying in 5s"),
+            Err(e) => {
+                tracing::error!(what, %addr, error = %e, "failed to bind; retrying in 5s");
+                failure.report(what, addr, &e);
+            }
         }
         tokio::select! {
             () = shutdown.cancelled() => return Ok(None),
@@ -202,6 +222,13 @@ async fn daemon_main(
             crate::k8s::pod_cidr::wait_for_pod_cidrs(&client, &hostname, crate::k8s::pod_cidr::POD_CIDR_WAIT).await?;
         node = Some(n);
     }
+    let (recorder, events_task) = crate::events::KubeEventRecorder::start(
+        client.clone(),
+        crate::events::reporting_instance(&os_hostname()),
+        crate::events::EventOptions::default(),
+        shutdown.clone(),
+    );
+    let events: Arc<dyn crate::events::EventRecorder> = recorder;
 
     let exec: Arc<dyn Exec> = Arc::new(RealExec);
     let mut runners = iptables_runners(exec.clone()).into_iter();
@@ -209,13 +236,14 @@ async fn daemon_main(
     let v6: Arc<dyn Iptables> = Arc::new(runners.next().ok_or_else(|| AppError::Config("no ip6tables runner".into()))?);
     let sysctl: Arc<dyn crate::sysctl::Sysctl> = Arc::new(crate::sysctl::ProcSysctl::new());
     let interfaces: Arc<dyn crate::proxier::NetworkInterfaces> = Arc::new(HostInterfaces);
-    if let Err(e) = crate::sysctl::apply_conntrack_settings(
+    match crate::sysctl::apply_conntrack_settings(
         sysctl.as_ref(),
         &crate::sysctl::RealConntrackSysfs::default(),
         &settings.conntrack,
         crate::sysctl::detect_num_cpu(),
     ) {
-        tracing::error!(error = %e, "failed to apply conntrack settings");
+        Ok(outcome) => crate::daemon::report_conntrack_outcome(&outcome, &hostname, events.as_ref()),
+        Err(e) => tracing::error!(error = %e, "failed to apply conntrack settings"),
     }
     let deps = DaemonDeps {
         iptables_v4: Some(v4),
@@ -223,6 +251,7 @@ async fn daemon_main(
         sysctl,
         interfaces: interfaces.clone(),
         conntrack: Some(Arc::new(crate::conntrack::ExecConntrack::new(exec))),
+        events: events.clone(),
     };
     let daemon = Daemon::build(&settings, hostname.clone(), node.as_ref(), &deps)?;
     if init_only {
@@ -232,15 +261,25 @@ async fn daemon_main(
     crate::oom::apply_oom_score_adj(&crate::oom::ProcOomScoreAdjuster::default(), settings.oom_score_adj);
 
     let mut servers = Vec::new();
+    let healthz_failure = BindFailure {
+        events: events.as_ref(),
+        node: &hostname,
+        reason: crate::events::REASON_FAILED_PROXIER_HEALTHCHECK,
+    };
+    let metrics_failure =
+        BindFailure { events: events.as_ref(), node: &hostname, reason: crate::events::REASON_FAILED_METRIC_SERVER };
     if let Some(addr) = settings.healthz_bind_address
-        && let Some(l) = bind_or_retry("healthz server", addr, settings.bind_address_hard_fail, &shutdown).await?
+        && let Some(l) =
+            bind_or_retry("healthz server", addr, settings.bind_address_hard_fail, &healthz_failure, &shutdown).await?
     {
         servers.push(tokio::spawn(daemon.health.clone().serve(l, shutdown.clone())));
     }
     if let Some(addr) = settings.metrics_bind_address {
         let server = crate::health::MetricsServer::new(daemon.metrics.clone(), &config_json)
             .map_err(|e| AppError::Config(e.to_string()))?;
-        if let Some(l) = bind_or_retry("metrics server", addr, settings.bind_address_hard_fail, &shutdown).await? {
+        if let Some(l) =
+            bind_or_retry("metrics server", addr, settings.bind_address_hard_fail, &metrics_failure, &shutdown).await?
+        {
             servers.push(tokio::spawn(Arc::new(server).serve(l, shutdown.clone())));
         }
     }
@@ -266,7 +305,15 @@ async fn daemon_main(
             let _ = restart_tx.send(why);
         }
     });
-    let watches = tokio::spawn(crate::k8s::watch::run(client, hostname, set, on_node, shutdown.clone()));
+    let watches = tokio::spawn(crate::k8s::watch::run_with_events(
+        client,
+        hostname,
+        set,
+        on_node,
+        Some(events.clone()),
+        shutdown.clone(),
+    ));
+    daemon.birth_cry();
     let loops = tokio::spawn(daemon.run_loops(shutdown.clone(), Some(service_health)));
 
     let reason = tokio::select! {
@@ -280,6 +327,8 @@ async fn daemon_main(
         for s in servers {
             let _ = s.await;
         }
+        // Last: it writes what the others reported while stopping.
+        let _ = events_task.await;
     };
     if tokio::time::timeout(crate::daemon::SHUTDOWN_GRACE, stopped).await.is_err() {
         tracing::warn!("shutdown grace period over; exiting with tasks still running");

@@ -2,8 +2,9 @@
 //! the health and metrics servers, service health-check ports, and the hooks that connect
 //! them (upstream `newProxyServer` / `createProxier` / `Run`).
 //!
-//! [`Daemon::build`] takes every side effect as a dependency ([`DaemonDeps`]) so the assembly
-//! is tested with fakes; [`run`] wires the real ones, the API watches and the servers.
+//! [`Daemon::build`] takes every side effect as a dependency ([`DaemonDeps`], the event
+//! recorder included) so the assembly is tested with fakes; `app` wires the real ones, the
+//! API watches and the servers.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -15,6 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{DetectLocal, Settings};
 use crate::conntrack::Conntrack;
+use crate::events::{
+    ACTION_LISTEN, ACTION_START, EventRecorder, EventType, REASON_FAILED_SERVICE_HEALTHCHECK, REASON_STARTING,
+    node_ref, service_ref,
+};
 use crate::health::{ProxierHealthServer, SystemClock};
 use crate::healthcheck::{ServiceHealthServer, listen_addresses};
 use crate::iptables::Iptables;
@@ -26,7 +31,10 @@ use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, SyncReport};
 use crate::sync_loop::{SharedProxier, SyncLoop, lock};
-use crate::sysctl::{Sysctl, conntrack_tcp_be_liberal, ensure_route_localnet};
+use crate::sysctl::{
+    ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, conntrack_tcp_be_liberal,
+    ensure_route_localnet,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -48,6 +56,8 @@ pub struct DaemonDeps {
     pub sysctl: Arc<dyn Sysctl>,
     pub interfaces: Arc<dyn NetworkInterfaces>,
     pub conntrack: Option<Arc<dyn Conntrack>>,
+    /// Where Kubernetes Events go (the start-up event, health-check failures).
+    pub events: Arc<dyn EventRecorder>,
 }
 
 /// One family's proxier and its loop (before the loop runs).
@@ -63,6 +73,7 @@ pub struct Daemon {
     pub families: Vec<FamilyProxier>,
     pub health: Arc<ProxierHealthServer>,
     pub metrics: Arc<Metrics>,
+    pub events: Arc<dyn EventRecorder>,
 }
 
 impl Daemon {
@@ -148,7 +159,13 @@ impl Daemon {
         if let Some(node) = node {
             health.sync_node(node);
         }
-        Ok(Daemon { hostname, families: built, health, metrics })
+        Ok(Daemon { hostname, families: built, health, metrics, events: deps.events.clone() })
+    }
+
+    /// Announces on this Node that the proxy started (upstream `birthCry`, raised once the
+    /// watches run and before the first sync).
+    pub fn birth_cry(&self) {
+        self.events.record(node_ref(&self.hostname), EventType::Normal, REASON_STARTING, ACTION_START, "");
     }
 
     /// The proxiers as the watches feed them; asking for a sync also records a queued update
@@ -180,6 +197,7 @@ impl Daemon {
             let health = self.health.clone();
             let metrics = self.metrics.clone();
             let service_health = service_health.clone();
+            let events = self.events.clone();
             let all = all.clone();
             let family = f.family;
             let on_report = move |report: &SyncReport| {
@@ -187,7 +205,7 @@ impl Daemon {
                 if report.result.is_ok() {
                     health.updated(family);
                     if let Some(sh) = &service_health {
-                        sync_service_health(sh, &all);
+                        sync_service_health(sh, &all, events.as_ref());
                     }
                 }
             };
@@ -202,8 +220,10 @@ impl Daemon {
 }
 
 /// Health-check node ports and local ready endpoints over all families (a dual-stack
-/// Service appears in both; a single-family one in its own).
-fn sync_service_health(server: &ServiceHealthServer, proxiers: &[SharedProxier]) {
+/// Service appears in both; a single-family one in its own). A port that cannot be opened
+/// is a Warning event on its Service (upstream `FailedToStartServiceHealthcheck`), raised
+/// again on every retry: the recorder folds the repeats into one Event's series.
+pub fn sync_service_health(server: &ServiceHealthServer, proxiers: &[SharedProxier], events: &dyn EventRecorder) {
     let mut ports = BTreeMap::new();
     let mut local = BTreeMap::new();
     for p in proxiers {
@@ -216,8 +236,29 @@ fn sync_service_health(server: &ServiceHealthServer, proxiers: &[SharedProxier])
     }
     for err in server.sync_services(&ports) {
         tracing::warn!(error = %err, "failed to start service health check; retrying on the next sync");
+        events.record(
+            service_ref(err.service()),
+            EventType::Warning,
+            REASON_FAILED_SERVICE_HEALTHCHECK,
+            ACTION_LISTEN,
+            &err.to_string(),
+        );
     }
     server.sync_endpoints(&local);
+}
+
+/// Upstream's Node event when the conntrack hash table could not be resized because `/sys`
+/// is read-only (reason and message as upstream writes them).
+pub fn report_conntrack_outcome(outcome: &ConntrackOutcome, hostname: &str, events: &dyn EventRecorder) {
+    if outcome.read_only_sysfs {
+        events.record(
+            node_ref(hostname),
+            EventType::Warning,
+            READ_ONLY_SYSFS_REASON,
+            ACTION_START,
+            READ_ONLY_SYSFS_MESSAGE,
+        );
+    }
 }
 
 /// The service health-check server listening on the node-port addresses of all families.

@@ -21,6 +21,7 @@ pub mod config;
 pub mod config_watch;
 pub mod conntrack;
 pub mod daemon;
+pub mod events;
 pub mod exec;
 pub mod health;
 pub mod healthcheck;

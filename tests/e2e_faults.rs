@@ -128,6 +128,7 @@ impl Testbed {
             sysctl: Arc::new(kube_proxy_rs::sysctl::FakeSysctl::new()),
             interfaces: Arc::new(StaticInterfaces(interface_addresses(&self.node_ns))),
             conntrack: None,
+            events: Arc::new(kube_proxy_rs::events::NoopEventRecorder),
         };
         let daemon = Daemon::build(&settings, hostname, node.as_ref(), &deps).expect("daemon assembles");
         assert_eq!(daemon.families.len(), 2, "dual stack, as the daemon runs in the namespace");

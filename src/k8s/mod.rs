@@ -6,6 +6,10 @@
 //! (no API objects): the trackers hold the compact state, and a re-list (`Init` …
 //! `InitApply`* … `InitDone`) deletes whatever was known but not listed again, so a dropped
 //! watch or a 410 Gone loses nothing.
+//!
+//! Given an event recorder ([`ServiceEvents::with_events`], [`SliceEvents::with_events`]), a
+//! Service or EndpointSlice skipped as invalid gets a Warning event, once per problem and
+//! object version (see [`InvalidObjectReporter`]); syncs never raise these.
 
 pub mod pod_cidr;
 pub mod watch;
@@ -16,13 +20,18 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
 use kube::runtime::watcher::Event;
 
+use crate::events::{
+    EventRecorder, InvalidObjectReporter, REASON_INVALID_ENDPOINT_SLICE, REASON_INVALID_SERVICE, object_version,
+};
 use crate::model::NamespacedName;
 use crate::proxier::Proxier;
 use crate::runner::RunnerHandle;
 use crate::sync_loop::{SharedProxier, lock};
 use crate::tracker::LABEL_SERVICE_NAME;
+use crate::tracker::endpoint_slice_cache::endpoint_slice_keys;
 
 /// Label excluding a Service (and its slices) from this proxy.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -83,6 +92,21 @@ impl ProxierSet {
         }
     }
 
+    /// Why the proxiers rejected the current state of `service` (each distinct reason once;
+    /// empty when none did).
+    fn invalid_service(&self, service: &NamespacedName) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for m in &self.members {
+            if let Some(err) = lock(&m.proxier).invalid_service(service) {
+                let text = err.to_string();
+                if !out.contains(&text) {
+                    out.push(text);
+                }
+            }
+        }
+        out
+    }
+
     /// Marks one kind as listed; the first sync runs once both kinds are.
     fn synced(&self, f: impl Fn(&mut Proxier)) {
         for m in &self.members {
@@ -108,9 +132,19 @@ pub struct ServiceEvents {
     known: HashSet<NamespacedName>,
     relisted: Option<HashSet<NamespacedName>>,
     synced: bool,
+    /// Raises the Warning events for Services the proxiers reject (none: no events).
+    invalid: Option<InvalidObjectReporter>,
 }
 
 impl ServiceEvents {
+    /// Also raises a Warning event on every Service the proxiers reject as invalid.
+    pub fn with_events(recorder: Arc<dyn EventRecorder>) -> Self {
+        ServiceEvents {
+            invalid: Some(InvalidObjectReporter::new(recorder, REASON_INVALID_SERVICE)),
+            ..ServiceEvents::default()
+        }
+    }
+
     pub fn handle(&mut self, event: Event<Service>, proxiers: &ProxierSet) {
         match event {
             Event::Apply(svc) | Event::InitApply(svc) => {
@@ -120,10 +154,15 @@ impl ServiceEvents {
                 }
                 self.known.insert(name.clone());
                 proxiers.each(|p| p.on_service_state(name.clone(), Some(&svc)));
+                if let Some(reporter) = self.invalid.as_mut() {
+                    let problems = proxiers.invalid_service(&name);
+                    reporter.observe(&name, &object_version(&svc.metadata), &problems, &svc.object_ref(&()));
+                }
             }
             Event::Delete(svc) => {
                 let name = key(&svc.metadata);
                 self.known.remove(&name);
+                self.forget(&name);
                 proxiers.each(|p| p.on_service_state(name.clone(), None));
             }
             Event::Init => self.relisted = Some(HashSet::new()),
@@ -133,6 +172,7 @@ impl ServiceEvents {
                 for name in gone {
                     tracing::debug!(service = %name, "service not re-listed; treating it as deleted");
                     self.known.remove(&name);
+                    self.forget(&name);
                     proxiers.each(|p| p.on_service_state(name.clone(), None));
                 }
                 if !self.synced {
@@ -146,6 +186,12 @@ impl ServiceEvents {
 
     pub fn known(&self) -> usize {
         self.known.len()
+    }
+
+    fn forget(&mut self, name: &NamespacedName) {
+        if let Some(reporter) = self.invalid.as_mut() {
+            reporter.forget(name);
+        }
     }
 }
 
@@ -162,15 +208,30 @@ pub struct SliceEvents {
     known: HashMap<NamespacedName, SliceKey>,
     relisted: Option<HashSet<NamespacedName>>,
     synced: bool,
+    /// Raises the Warning events for slices that cannot be used (none: no events).
+    invalid: Option<InvalidObjectReporter>,
 }
 
 impl SliceEvents {
+    /// Also raises a Warning event on every IP EndpointSlice the proxiers cannot file under
+    /// a Service (no `kubernetes.io/service-name` label).
+    pub fn with_events(recorder: Arc<dyn EventRecorder>) -> Self {
+        SliceEvents {
+            invalid: Some(InvalidObjectReporter::new(recorder, REASON_INVALID_ENDPOINT_SLICE)),
+            ..SliceEvents::default()
+        }
+    }
+
     pub fn handle(&mut self, event: Event<EndpointSlice>, proxiers: &ProxierSet) {
         match event {
             Event::Apply(slice) | Event::InitApply(slice) => {
                 let name = key(&slice.metadata);
                 if let Some(seen) = self.relisted.as_mut() {
                     seen.insert(name.clone());
+                }
+                if let Some(reporter) = self.invalid.as_mut() {
+                    let problems = slice_problems(&slice);
+                    reporter.observe(&name, &object_version(&slice.metadata), &problems, &slice.object_ref(&()));
                 }
                 let service =
                     slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned().unwrap_or_default();
@@ -185,7 +246,11 @@ impl SliceEvents {
                 proxiers.each(|p| p.on_endpoint_slice_update(&slice, false));
             }
             Event::Delete(slice) => {
-                self.known.remove(&key(&slice.metadata));
+                let name = key(&slice.metadata);
+                self.known.remove(&name);
+                if let Some(reporter) = self.invalid.as_mut() {
+                    reporter.forget(&name);
+                }
                 proxiers.each(|p| p.on_endpoint_slice_update(&slice, true));
             }
             Event::Init => self.relisted = Some(HashSet::new()),
@@ -193,6 +258,9 @@ impl SliceEvents {
                 let seen = self.relisted.take().unwrap_or_default();
                 let gone: Vec<NamespacedName> = self.known.keys().filter(|k| !seen.contains(*k)).cloned().collect();
                 for name in gone {
+                    if let Some(reporter) = self.invalid.as_mut() {
+                        reporter.forget(&name);
+                    }
                     if let Some(old) = self.known.remove(&name) {
                         tracing::debug!(slice = %name, "endpoint slice not re-listed; treating it as deleted");
                         let slice = synthetic_slice(&name, &old);
@@ -210,6 +278,18 @@ impl SliceEvents {
 
     pub fn known(&self) -> usize {
         self.known.len()
+    }
+}
+
+/// Why the proxiers skip `slice` as a whole (FQDN slices are not for proxies at all, so they
+/// are never invalid here).
+fn slice_problems(slice: &EndpointSlice) -> Vec<String> {
+    if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+        return Vec::new();
+    }
+    match endpoint_slice_keys(slice) {
+        Ok(_) => Vec::new(),
+        Err(err) => vec![err.to_string()],
     }
 }
 

@@ -12,6 +12,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
+use crate::events::EventRecorder;
+
 use super::{NodeEvents, ProxierSet, ServiceEvents, SliceEvents, WATCH_LABEL_SELECTOR};
 
 /// Called with every state of this Node (`None`: deleted).
@@ -48,6 +50,19 @@ pub async fn run(
     on_node: NodeCallback,
     shutdown: CancellationToken,
 ) {
+    run_with_events(client, hostname, proxiers, on_node, None, shutdown).await;
+}
+
+/// Like [`run`]; with `events`, Services and EndpointSlices skipped as invalid get a Warning
+/// event.
+pub async fn run_with_events(
+    client: Client,
+    hostname: String,
+    proxiers: ProxierSet,
+    on_node: NodeCallback,
+    events: Option<Arc<dyn EventRecorder>>,
+    shutdown: CancellationToken,
+) {
     let selector = watcher::Config::default().labels(WATCH_LABEL_SELECTOR);
     let services = watcher(Api::<Service>::all(client.clone()), selector.clone()).default_backoff();
     let slices = watcher(Api::<EndpointSlice>::all(client.clone()), selector).default_backoff();
@@ -55,8 +70,10 @@ pub async fn run(
     let nodes = watcher(Api::<Node>::all(client), node_cfg).default_backoff();
 
     let (p1, p2, p3) = (proxiers.clone(), proxiers.clone(), proxiers);
-    let mut svc_state = ServiceEvents::default();
-    let mut slice_state = SliceEvents::default();
+    let (mut svc_state, mut slice_state) = match events {
+        Some(recorder) => (ServiceEvents::with_events(recorder.clone()), SliceEvents::with_events(recorder)),
+        None => (ServiceEvents::default(), SliceEvents::default()),
+    };
     let mut node_state = NodeEvents::default();
     tokio::join!(
         consume("Service", services, shutdown.clone(), move |e| svc_state.handle(e, &p1)),

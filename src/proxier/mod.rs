@@ -373,6 +373,11 @@ impl Proxier {
         &self.services
     }
 
+    /// Why this proxier rejected the current state of `service`, if it did.
+    pub fn invalid_service(&self, service: &NamespacedName) -> Option<&crate::model::InvalidService> {
+        self.service_changes.invalid(service)
+    }
+
     pub fn endpoints(&self) -> &EndpointsMap {
         &self.endpoints
     }

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 
-use crate::model::{IpFamily, NamespacedName, Protocol, ServicePortName, ServicePortRef, service_ports};
+use crate::model::{
+    InvalidService, IpFamily, NamespacedName, Protocol, ServicePortName, ServicePortRef, service_ports,
+};
 
 /// Service port entries keyed by [`ServicePortName`]; a newtype over the `HashMap` so it can
 /// carry `update`, and derefs to it for ordinary map access.
@@ -113,11 +115,14 @@ struct ServiceChange {
 pub struct ServiceChangeTracker {
     family: IpFamily,
     items: HashMap<NamespacedName, ServiceChange>,
+    /// Why each Service whose current state failed validation was rejected (only those:
+    /// the watch side reads it to raise one Warning event per problem).
+    invalid: HashMap<NamespacedName, InvalidService>,
 }
 
 impl ServiceChangeTracker {
     pub fn new(family: IpFamily) -> ServiceChangeTracker {
-        ServiceChangeTracker { family, items: HashMap::new() }
+        ServiceChangeTracker { family, items: HashMap::new(), invalid: HashMap::new() }
     }
 
     /// How many Services have changes not yet applied.
@@ -144,7 +149,7 @@ impl ServiceChangeTracker {
             svc.metadata.namespace.clone().unwrap_or_default(),
             svc.metadata.name.clone().unwrap_or_default(),
         );
-        let current_map = self.port_map(current);
+        let current_map = self.current_port_map(&service, current);
         if !self.items.contains_key(&service) {
             let previous_map = self.port_map(previous);
             self.items
@@ -174,7 +179,7 @@ impl ServiceChangeTracker {
         applied: impl FnOnce() -> ServicePortMap,
         current: Option<&Service>,
     ) -> bool {
-        let current_map = self.port_map(current);
+        let current_map = self.current_port_map(&service, current);
         let change = self
             .items
             .entry(service.clone())
@@ -194,6 +199,31 @@ impl ServiceChangeTracker {
     /// Whether no change is pending.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// Why `service`, as last recorded, was rejected (`None`: it is valid, skipped for an
+    /// ordinary reason, or gone).
+    pub fn invalid(&self, service: &NamespacedName) -> Option<&InvalidService> {
+        self.invalid.get(service)
+    }
+
+    /// The ports of the current state of `service`, remembering whether it was rejected.
+    fn current_port_map(&mut self, service: &NamespacedName, svc: Option<&Service>) -> ServicePortMap {
+        let Some(svc) = svc else {
+            self.invalid.remove(service);
+            return ServicePortMap::new();
+        };
+        match service_ports(svc, self.family) {
+            Ok(ports) => {
+                self.invalid.remove(service);
+                ports.into_iter().map(|info| (info.name.clone(), Arc::new(info))).collect()
+            }
+            Err(err) => {
+                tracing::warn!(family = %self.family, "ignoring invalid service: {err}");
+                self.invalid.insert(service.clone(), err);
+                ServicePortMap::new()
+            }
+        }
     }
 
     fn port_map(&self, svc: Option<&Service>) -> ServicePortMap {
@@ -401,6 +431,17 @@ mod tests {
         let result = map.update(&mut v4);
         assert!(map.is_empty());
         assert_eq!(result.deleted_udp_cluster_ips, BTreeSet::from(["10.0.0.1".to_owned()]));
+
+        // The rejection is remembered while the current state is invalid (for the event),
+        // and forgotten once it is fixed or deleted.
+        assert!(matches!(v4.invalid(&nn("ns", "s")), Some(InvalidService::Port { port: 0, .. })));
+        assert!(v4.invalid(&nn("ns", "v6")).is_none(), "another family's service is not invalid");
+        v4.update(Some(&bad), Some(&good));
+        assert!(v4.invalid(&nn("ns", "s")).is_none());
+        v4.update_from_applied(nn("ns", "s"), ServicePortMap::new, Some(&bad));
+        assert!(v4.invalid(&nn("ns", "s")).is_some());
+        v4.update_from_applied(nn("ns", "s"), ServicePortMap::new, None);
+        assert!(v4.invalid(&nn("ns", "s")).is_none());
     }
 
     #[test]

@@ -19,7 +19,11 @@
 //!   empty starts with `ADDED` for every current object. `sendInitialEvents=true` also sends the
 //!   current objects followed by a `BOOKMARK` annotated `k8s.io/initial-events-end`.
 //! - POST `/api/v1/namespaces/{ns}/events` and `/apis/events.k8s.io/v1/namespaces/{ns}/events`:
-//!   recorded ([`ApiServer::events`]) and echoed back with `201 Created`.
+//!   recorded ([`ApiServer::events`], in the path's namespace) and echoed back with
+//!   `201 Created`; a name already taken in that namespace is `409 AlreadyExists`. PATCH of
+//!   `…/events/{name}` applies a JSON merge patch (RFC 7386) to the stored event (`404` when
+//!   there is none). [`ApiServer::fail_next_events`] answers the next event writes with an
+//!   error status; [`ApiServer::delete_events`] drops them all, as their TTL would.
 //!
 //! The test drives the server through [`ApiServer`]'s methods: [`ApiServer::create`],
 //! [`ApiServer::update`] and [`ApiServer::delete`] bump the global resource version and notify
@@ -229,6 +233,7 @@ struct State {
     list_failures: Vec<(Option<Kind>, u16)>,
     stalled_until: Option<(Option<Kind>, Instant)>,
     events: Vec<Value>,
+    event_failures: Vec<u16>,
     requests: Vec<RequestLog>,
     expired: usize,
 }
@@ -453,9 +458,19 @@ impl ApiServer {
         self.shared.lock().stalled_until = Some((Some(kind), Instant::now() + duration));
     }
 
-    /// The events POSTed so far.
+    /// The events POSTed so far (with their patches applied).
     pub fn events(&self) -> Vec<Value> {
         self.shared.lock().events.clone()
+    }
+
+    /// Answers the next `n` event writes (POST or PATCH) with `status`.
+    pub fn fail_next_events(&self, n: usize, status: u16) {
+        self.shared.lock().event_failures.extend(std::iter::repeat_n(status, n));
+    }
+
+    /// Forgets every stored event (as expiry would): later patches of them get 404.
+    pub fn delete_events(&self) {
+        self.shared.lock().events.clear();
     }
 
     /// Every request so far.
@@ -637,12 +652,93 @@ fn route_one(path: &str) -> Option<(Kind, Option<String>, String)> {
     }
 }
 
-fn is_events_path(path: &str) -> bool {
+/// The namespace of an events collection path, and the event's name for an item path.
+fn events_path(path: &str) -> Option<(String, Option<String>)> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    matches!(
-        segs.as_slice(),
-        ["api", "v1", "namespaces", _, "events"] | ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]
-    )
+    match segs.as_slice() {
+        ["api", "v1", "namespaces", ns, "events"] | ["apis", "events.k8s.io", "v1", "namespaces", ns, "events"] => {
+            Some((ns.to_string(), None))
+        }
+        ["api", "v1", "namespaces", ns, "events", name]
+        | ["apis", "events.k8s.io", "v1", "namespaces", ns, "events", name] => {
+            Some((ns.to_string(), Some(name.to_string())))
+        }
+        _ => None,
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let Value::Object(map) = target else { unreachable!("made an object above") };
+    for (k, v) in patch {
+        if v.is_null() {
+            map.remove(k);
+        } else {
+            merge_patch(map.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+fn find_event<'a>(events: &'a mut [Value], ns: &str, name: &str) -> Option<&'a mut Value> {
+    events.iter_mut().find(|e| e["metadata"]["namespace"] == ns && e["metadata"]["name"] == name)
+}
+
+async fn handle_event_write(
+    shared: &Shared,
+    req: Request<Incoming>,
+    ns: String,
+    name: Option<String>,
+) -> Response<Body> {
+    let method = req.method().clone();
+    let content_type = req.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error_response(400, "BadRequest", &e.to_string()),
+    };
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error_response(400, "BadRequest", &e.to_string()),
+    };
+    let mut st = shared.lock();
+    if !st.event_failures.is_empty() {
+        let code = st.event_failures.remove(0);
+        return error_response(code, "InternalError", "injected failure");
+    }
+    match (method, name) {
+        (Method::POST, None) => {
+            let mut event = body;
+            event["metadata"]["namespace"] = json!(ns);
+            let name = event["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            if find_event(&mut st.events, &ns, &name).is_some() {
+                return error_response(409, "AlreadyExists", &format!("events \"{name}\" already exists"));
+            }
+            st.rv += 1;
+            event["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+            st.events.push(event.clone());
+            json_response(201, &event)
+        }
+        (Method::PATCH, Some(name)) => {
+            if content_type != "application/merge-patch+json" {
+                return error_response(415, "UnsupportedMediaType", &format!("unsupported patch type {content_type}"));
+            }
+            st.rv += 1;
+            let rv = st.rv;
+            let Some(event) = find_event(&mut st.events, &ns, &name) else {
+                return error_response(404, "NotFound", &format!("events \"{name}\" not found"));
+            };
+            merge_patch(event, &body);
+            event["metadata"]["resourceVersion"] = json!(rv.to_string());
+            json_response(200, event)
+        }
+        _ => error_response(405, "MethodNotAllowed", "events accept POST and PATCH"),
+    }
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
@@ -659,20 +755,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         authorization: req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string),
     });
 
-    if req.method() == Method::POST && is_events_path(&path) {
-        let body = match req.into_body().collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => return error_response(400, "BadRequest", &e.to_string()),
-        };
-        let mut event: Value = match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => return error_response(400, "BadRequest", &e.to_string()),
-        };
-        let mut st = shared.lock();
-        st.rv += 1;
-        event["metadata"]["resourceVersion"] = json!(st.rv.to_string());
-        st.events.push(event.clone());
-        return json_response(201, &event);
+    if matches!(*req.method(), Method::POST | Method::PATCH)
+        && let Some((ns, name)) = events_path(&path)
+    {
+        return handle_event_write(&shared, req, ns, name).await;
     }
 
     if let Some((kind, namespace, name)) = route_one(&path)
