@@ -682,7 +682,12 @@ async fn api_server_down_then_back_loses_nothing() {
         // Gone for a while: the rules stay as they were and the daemon keeps running.
         while down.elapsed() < Duration::from_secs(4) {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            assert!(t.actual() == before, "round {round}: rules changed while the API server was down");
+            let now = t.actual();
+            if now != before {
+                let text: String =
+                    FAMILIES.into_iter().map(|f| format!("{f}:\n{}", diff(&before[&f], &now[&f]))).collect();
+                panic!("round {round}: rules changed while the API server was down (- before, + now):\n{text}\n{}", t.log());
+            }
             assert_eq!(healthz(&t.node_ns), Some(200), "round {round}: nothing queued, so still healthy");
         }
         t.assert_alive();
