@@ -25,6 +25,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
 use kube_proxy_rs::exec::{Command, Exec, ExecError, Output};
 use kube_proxy_rs::iptables::runner::{Backend, IptablesRunner, RunnerOptions};
+use kube_proxy_rs::k8s::objects::{ServiceView, SliceView, convert_event};
 use kube_proxy_rs::k8s::{ProxierSet, ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::{Cidr, IpFamily};
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
@@ -122,13 +123,6 @@ impl Report {
 
 fn main() {
     let services: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
-    println!(
-        "sizes: ServicePortInfo {} EndpointInfo {} ServicePortName {} NamespacedName {}",
-        std::mem::size_of::<kube_proxy_rs::model::ServicePortInfo>(),
-        std::mem::size_of::<kube_proxy_rs::model::EndpointInfo>(),
-        std::mem::size_of::<kube_proxy_rs::model::ServicePortName>(),
-        std::mem::size_of::<kube_proxy_rs::model::NamespacedName>()
-    );
     let family = IpFamily::V4;
 
     // The watch side: JSON documents as the API server sends them.
@@ -150,6 +144,30 @@ fn main() {
     let mut report = Report { last: 0 };
     reset_hwm();
     report.phase("start (JSON input held)");
+
+    // What one list page of every object costs while it is held (API servers answer a list
+    // from their cache in one page): as k8s-openapi objects and as the watches decode it.
+    let page = |docs: &[String]| format!("[{}]", docs.join(","));
+    let (svc_page, slice_page) = (page(&svc_json), page(&slice_json));
+    let before = ALLOCATOR.allocated();
+    let cost = |decoded: usize| mb(decoded - before);
+    let full: Vec<Service> = serde_json::from_str(&svc_page).expect("services");
+    let full_services = cost(ALLOCATOR.allocated());
+    drop(full);
+    let view: Vec<ServiceView> = serde_json::from_str(&svc_page).expect("services");
+    let view_services = cost(ALLOCATOR.allocated());
+    drop(view);
+    let full: Vec<EndpointSlice> = serde_json::from_str(&slice_page).expect("slices");
+    let full_slices = cost(ALLOCATOR.allocated());
+    drop(full);
+    let view: Vec<SliceView> = serde_json::from_str(&slice_page).expect("slices");
+    let view_slices = cost(ALLOCATOR.allocated());
+    drop(view);
+    drop((svc_page, slice_page));
+    println!(
+        "| (one list page decoded: Services {full_services} MB as objects, {view_services} MB slim; \
+         EndpointSlices {full_slices} MB as objects, {view_slices} MB slim) | | | | | |"
+    );
 
     let kernel = Arc::new(KernelExec::default());
     let runner = IptablesRunner::new(
@@ -181,8 +199,8 @@ fn main() {
     let mut svc_events = ServiceEvents::default();
     svc_events.handle(Event::Init, &set);
     for doc in &svc_json {
-        let svc: Service = serde_json::from_str(doc).expect("service");
-        svc_events.handle(Event::InitApply(svc), &set);
+        let svc: ServiceView = serde_json::from_str(doc).expect("service");
+        svc_events.handle(convert_event::<_, Service>(Event::InitApply(svc)), &set);
     }
     svc_events.handle(Event::InitDone, &set);
     report.phase("services listed (pending)");
@@ -190,8 +208,8 @@ fn main() {
     let mut slice_events = SliceEvents::default();
     slice_events.handle(Event::Init, &set);
     for doc in &slice_json {
-        let slice: EndpointSlice = serde_json::from_str(doc).expect("slice");
-        slice_events.handle(Event::InitApply(slice), &set);
+        let slice: SliceView = serde_json::from_str(doc).expect("slice");
+        slice_events.handle(convert_event::<_, EndpointSlice>(Event::InitApply(slice)), &set);
     }
     slice_events.handle(Event::InitDone, &set);
     report.phase("slices listed (pending)");
