@@ -145,30 +145,6 @@ fn main() {
     reset_hwm();
     report.phase("start (JSON input held)");
 
-    // What one list page of every object costs while it is held (API servers answer a list
-    // from their cache in one page): as k8s-openapi objects and as the watches decode it.
-    let page = |docs: &[String]| format!("[{}]", docs.join(","));
-    let (svc_page, slice_page) = (page(&svc_json), page(&slice_json));
-    let before = ALLOCATOR.allocated();
-    let cost = |decoded: usize| mb(decoded - before);
-    let full: Vec<Service> = serde_json::from_str(&svc_page).expect("services");
-    let full_services = cost(ALLOCATOR.allocated());
-    drop(full);
-    let view: Vec<ServiceView> = serde_json::from_str(&svc_page).expect("services");
-    let view_services = cost(ALLOCATOR.allocated());
-    drop(view);
-    let full: Vec<EndpointSlice> = serde_json::from_str(&slice_page).expect("slices");
-    let full_slices = cost(ALLOCATOR.allocated());
-    drop(full);
-    let view: Vec<SliceView> = serde_json::from_str(&slice_page).expect("slices");
-    let view_slices = cost(ALLOCATOR.allocated());
-    drop(view);
-    drop((svc_page, slice_page));
-    println!(
-        "| (one list page decoded: Services {full_services} MB as objects, {view_services} MB slim; \
-         EndpointSlices {full_slices} MB as objects, {view_slices} MB slim) | | | | | |"
-    );
-
     let kernel = Arc::new(KernelExec::default());
     let runner = IptablesRunner::new(
         kernel.clone(),
@@ -231,11 +207,38 @@ fn main() {
     // cleanup (the whole nat table is read back).
     let slice = synthetic::slice(7, 10, 1);
     slice_events.handle(Event::Apply(slice), &set);
-    let (full, bytes) = sync(start + Duration::from_secs(31));
     let nat_saved = kernel.nat.lock().expect("lock").len();
+    let (full, bytes) = sync(start + Duration::from_secs(31));
     let at_restore = kernel.at_restore.lock().expect("lock").last().copied().unwrap_or(0);
     println!("| (live heap when the restore ran) | {} | | | | |", mb(at_restore));
     report.phase(&format!("partial sync done (full: {full}, {bytes} B input)"));
+    // What one list page of every object costs while it is held (API servers answer a list
+    // from their cache in one page): as k8s-openapi objects and as the watches decode it.
+    let page = |docs: &[String]| format!("[{}]", docs.join(","));
+    let (svc_page, slice_page) = (page(&svc_json), page(&slice_json));
+    let before = ALLOCATOR.allocated();
+    let cost = |decoded: usize| mb(decoded - before);
+    let full: Vec<Service> = serde_json::from_str(&svc_page).expect("services");
+    let full_services = cost(ALLOCATOR.allocated());
+    drop(full);
+    let view: Vec<ServiceView> = serde_json::from_str(&svc_page).expect("services");
+    let view_services = cost(ALLOCATOR.allocated());
+    drop(view);
+    let full: Vec<EndpointSlice> = serde_json::from_str(&slice_page).expect("slices");
+    let full_slices = cost(ALLOCATOR.allocated());
+    drop(full);
+    let view: Vec<SliceView> = serde_json::from_str(&slice_page).expect("slices");
+    let view_slices = cost(ALLOCATOR.allocated());
+    drop(view);
+    drop((svc_page, slice_page));
+    println!(
+        "| (one list page decoded: Services {full_services} MB as objects, {view_services} MB slim; \
+         EndpointSlices {full_slices} MB as objects, {view_slices} MB slim) | | | | | |"
+    );
+
     println!();
-    println!("The fake kernel holds {} MB of nat chain lines (counted above).", mb(nat_saved));
+    println!(
+        "The fake kernel's copy of the nat chain lines ({} MB, what the partial sync's cleanup read back) is counted above.",
+        mb(nat_saved)
+    );
 }

@@ -111,7 +111,8 @@ async fn config_file_change_makes_the_daemon_exit() {
 ///
 /// The node uses iptables-legacy (a kubelet canary chain in the legacy mangle table decides
 /// the backend, as on a real legacy node): iptables-nft-restore 1.8.9 takes minutes for the
-/// 36 MB first restore at 10k services. `KPR_BACKEND=nft` measures with nft instead.
+/// 36 MB first restore at 10k services. `KPR_BACKEND=nft` measures with nft instead;
+/// `KPR_HOLD=SECONDS` keeps the daemon running that long after measuring (to inspect it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run by hand, reported in docs/performance.md"]
 async fn daemon_memory_at_10k_services() {

@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
 };
-use crate::proxier::chains::{self, ChainKey, chain_key, chain_name, is_service_chain_name};
+use crate::proxier::chains::{self, ChainKey, ChainName, chain_key, chain_name, is_service_chain_name};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::tracker::topology::categorize_endpoints;
@@ -149,7 +149,8 @@ struct ChainSpan<'a> {
     /// The name's first 16 bytes, big-endian: sorting by this (then by name) is sorting by
     /// name, with integer compares for all but near-ties.
     sort: u128,
-    key: ChainKey,
+    /// Spelled out once: it is written twice (chain line and rules) and breaks sort ties.
+    name: ChainName,
     body: SpanBody<'a>,
 }
 
@@ -165,13 +166,15 @@ enum SpanBody<'a> {
 impl<'a> ChainSpan<'a> {
     /// The rules from `start` to the end of `arena`, for chain `name` (one of `svc.chains`).
     fn arena(name: &str, key: ChainKey, arena: &str, start: usize) -> Self {
+        debug_assert_eq!(chain_name(key), name);
         let end = arena.len();
         let rules = count_lines(&arena[start..end]);
-        ChainSpan { sort: sort_key(name), key, body: SpanBody::Arena { start, end, rules } }
+        ChainSpan { sort: sort_key(name), name: chain_name(key), body: SpanBody::Arena { start, end, rules } }
     }
 
     fn endpoint(svc: &'a ServicePortInfo, ep: &'a EndpointInfo) -> Self {
-        ChainSpan { sort: sort_key(&ep.chain_name()), key: ep.chain_key, body: SpanBody::Endpoint { svc, ep } }
+        let name = ep.chain_name();
+        ChainSpan { sort: sort_key(&name), name, body: SpanBody::Endpoint { svc, ep } }
     }
 
     fn rules(&self) -> usize {
@@ -186,9 +189,7 @@ impl<'a> ChainSpan<'a> {
 const ENDPOINT_CHAIN_RULES: usize = 2;
 
 /// Writes the rules of `ep`'s KUBE-SEP- chain.
-fn push_endpoint_chain(out: &mut String, svc: &ServicePortInfo, ep: &EndpointInfo, large: bool) {
-    let chain_name = ep.chain_name();
-    let chain = chain_name.as_str();
+fn push_endpoint_chain(out: &mut String, svc: &ServicePortInfo, ep: &EndpointInfo, chain: &str, large: bool) {
     let name = svc.name_string.as_str();
     let dnat_match = match svc.protocol {
         crate::model::Protocol::Tcp => " -m tcp -p tcp -j DNAT --to-destination ",
@@ -813,16 +814,14 @@ impl<'a> Renderer<'a> {
         others.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
         let mut spans = self.spans;
         // Each per-service chain has exactly one span: its rules are written together.
-        spans.sort_unstable_by(|a, b| {
-            a.sort.cmp(&b.sort).then_with(|| chain_name(a.key).as_str().cmp(chain_name(b.key).as_str()))
-        });
+        spans.sort_unstable_by(|a, b| a.sort.cmp(&b.sort).then_with(|| a.name.as_str().cmp(b.name.as_str())));
 
         for (_, chain, _) in &firsts {
             push_chain_line(&mut out, chain);
         }
         for item in merged(&spans, &others) {
             match item {
-                Merged::Span(span) => push_chain_line(&mut out, &chain_name(span.key)),
+                Merged::Span(span) => push_chain_line(&mut out, &span.name),
                 Merged::Other(chain, _) => push_chain_line(&mut out, chain),
             }
         }
@@ -837,7 +836,9 @@ impl<'a> Renderer<'a> {
                 Merged::Span(span) => {
                     match span.body {
                         SpanBody::Arena { start, end, .. } => out.push_str(&self.arena[start..end]),
-                        SpanBody::Endpoint { svc, ep } => push_endpoint_chain(&mut out, svc, ep, self.large),
+                        SpanBody::Endpoint { svc, ep } => {
+                            push_endpoint_chain(&mut out, svc, ep, &span.name, self.large)
+                        }
                     }
                     nat_rules += span.rules();
                 }
@@ -894,7 +895,7 @@ fn merged<'s, 'a>(
     let mut others = others.iter().peekable();
     std::iter::from_fn(move || match (spans.peek(), others.peek()) {
         (Some(span), Some((sort, name, _))) => {
-            let span_first = span.sort.cmp(sort).then_with(|| chain_name(span.key).as_str().cmp(name)).is_lt();
+            let span_first = span.sort.cmp(sort).then_with(|| span.name.as_str().cmp(name)).is_lt();
             if span_first {
                 spans.next().map(Merged::Span)
             } else {
