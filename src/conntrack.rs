@@ -231,7 +231,7 @@ impl ExecConntrack {
     }
 
     /// The command that carries out `args`.
-    fn command(&self, args: Vec<String>) -> Command {
+    fn command(&self, args: Vec<String>) -> Command<'static> {
         let cmd = match &self.netns {
             Some(ns) => Command::new("ip").args(["netns", "exec", ns.as_str(), CONNTRACK_PROGRAM]),
             None => Command::new(CONNTRACK_PROGRAM),

@@ -7,6 +7,7 @@
 //! Everything here is synchronous: callers are the proxier's sync and the iptables runner,
 //! which run on a plain thread (or inside `spawn_blocking`).
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -15,20 +16,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// One program invocation.
+/// One program invocation. `'a` is the lifetime of borrowed stdin data: a restore input of
+/// tens of megabytes is written to the child straight from the caller's buffer, not copied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Command {
+pub struct Command<'a> {
     pub program: String,
     pub args: Vec<String>,
     /// Bytes written to the child's stdin; `None` connects stdin to `/dev/null`.
-    pub stdin: Option<Vec<u8>>,
+    pub stdin: Option<Cow<'a, [u8]>>,
     /// Kill the child if it has not exited after this long.
     pub timeout: Option<Duration>,
 }
 
-impl Command {
+impl<'a> Command<'a> {
     pub fn new(program: impl Into<String>) -> Self {
-        Command { program: program.into(), ..Command::default() }
+        Command { program: program.into(), args: Vec::new(), stdin: None, timeout: None }
     }
 
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
@@ -45,9 +47,10 @@ impl Command {
         self
     }
 
-    pub fn stdin(mut self, data: impl Into<Vec<u8>>) -> Self {
-        self.stdin = Some(data.into());
-        self
+    /// Feeds `data` to the child: owned (`Vec<u8>`, `String`) or borrowed (`&[u8]`, `&str`).
+    pub fn stdin<'b>(self, data: impl Into<Stdin<'b>>) -> Command<'b> {
+        let Command { program, args, stdin: _, timeout } = self;
+        Command { program, args, stdin: Some(data.into().0), timeout }
     }
 
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -61,7 +64,35 @@ impl Command {
     }
 }
 
-impl fmt::Display for Command {
+/// Stdin data for [`Command::stdin`]: anything that is, or borrows, bytes.
+#[derive(Debug)]
+pub struct Stdin<'a>(Cow<'a, [u8]>);
+
+impl<'a> From<&'a [u8]> for Stdin<'a> {
+    fn from(data: &'a [u8]) -> Self {
+        Stdin(Cow::Borrowed(data))
+    }
+}
+
+impl<'a> From<&'a str> for Stdin<'a> {
+    fn from(data: &'a str) -> Self {
+        Stdin(Cow::Borrowed(data.as_bytes()))
+    }
+}
+
+impl From<Vec<u8>> for Stdin<'_> {
+    fn from(data: Vec<u8>) -> Self {
+        Stdin(Cow::Owned(data))
+    }
+}
+
+impl From<String> for Stdin<'_> {
+    fn from(data: String) -> Self {
+        Stdin(Cow::Owned(data.into_bytes()))
+    }
+}
+
+impl fmt::Display for Command<'_> {
     /// The command line, space-separated, with arguments containing whitespace quoted.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.program)?;
@@ -126,11 +157,11 @@ pub enum ExecError {
 
 /// Runs commands to completion.
 pub trait Exec: Send + Sync {
-    fn run(&self, cmd: &Command) -> Result<Output, ExecError>;
+    fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError>;
 }
 
 impl<T: Exec + ?Sized> Exec for Arc<T> {
-    fn run(&self, cmd: &Command) -> Result<Output, ExecError> {
+    fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
         (**self).run(cmd)
     }
 }
@@ -140,7 +171,7 @@ impl<T: Exec + ?Sized> Exec for Arc<T> {
 pub struct RealExec;
 
 impl Exec for RealExec {
-    fn run(&self, cmd: &Command) -> Result<Output, ExecError> {
+    fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
         let started = Instant::now();
         let mut child = std::process::Command::new(&cmd.program)
             .args(&cmd.args)
@@ -196,7 +227,7 @@ fn read_all(mut pipe: impl Read) -> io::Result<Vec<u8>> {
 }
 
 /// Waits for `child`, killing it when `cmd.timeout` expires.
-fn wait(child: &mut Child, cmd: &Command) -> Result<ExitStatus, ExecError> {
+fn wait(child: &mut Child, cmd: &Command<'_>) -> Result<ExitStatus, ExecError> {
     let io_err = |source: io::Error| ExecError::Io { program: cmd.program.clone(), source };
     let Some(timeout) = cmd.timeout else {
         return child.wait().map_err(io_err);
@@ -318,9 +349,9 @@ impl FakeExec {
 }
 
 impl Exec for FakeExec {
-    fn run(&self, cmd: &Command) -> Result<Output, ExecError> {
+    fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
         let mut inner = self.lock();
-        let call = Call { argv: cmd.argv(), stdin: cmd.stdin.clone(), timeout: cmd.timeout };
+        let call = Call { argv: cmd.argv(), stdin: cmd.stdin.as_deref().map(<[u8]>::to_vec), timeout: cmd.timeout };
         let line = call.line().split_whitespace().collect::<Vec<_>>().join(" ");
         inner.calls.push(call);
         let unexpected = |reason: String| ExecError::Unexpected { command: cmd.to_string(), reason };

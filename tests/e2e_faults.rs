@@ -686,7 +686,10 @@ async fn api_server_down_then_back_loses_nothing() {
             if now != before {
                 let text: String =
                     FAMILIES.into_iter().map(|f| format!("{f}:\n{}", diff(&before[&f], &now[&f]))).collect();
-                panic!("round {round}: rules changed while the API server was down (- before, + now):\n{text}\n{}", t.log());
+                panic!(
+                    "round {round}: rules changed while the API server was down (- before, + now):\n{text}\n{}",
+                    t.log()
+                );
             }
             assert_eq!(healthz(&t.node_ns), Some(200), "round {round}: nothing queued, so still healthy");
         }

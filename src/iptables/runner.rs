@@ -220,7 +220,7 @@ struct Invoker {
 }
 
 impl Invoker {
-    fn command(&self, program: &str, args: &[&str]) -> Command {
+    fn command(&self, program: &str, args: &[&str]) -> Command<'static> {
         let cmd = match &self.netns {
             Some(ns) => Command::new("ip").args(["netns", "exec", ns.as_str(), program]),
             None => Command::new(program),
@@ -228,7 +228,7 @@ impl Invoker {
         cmd.args(args.iter().copied()).timeout(self.timeout)
     }
 
-    fn run(&self, cmd: &Command) -> Result<Output> {
+    fn run(&self, cmd: &Command<'_>) -> Result<Output> {
         tracing::trace!(command = %cmd, "running");
         self.exec.run(cmd).map_err(|e| IptablesError::Exec { command: cmd.to_string(), reason: e.to_string() })
     }
@@ -254,7 +254,7 @@ pub fn is_not_found(err: &IptablesError) -> bool {
 
 /// `Ok(true)` for exit 0, `Ok(false)` for exit 1 (iptables' "no such thing" / "already
 /// exists"), an error otherwise.
-fn zero_or_one(cmd: &Command, out: &Output) -> Result<bool> {
+fn zero_or_one(cmd: &Command<'_>, out: &Output) -> Result<bool> {
     match out.status {
         Some(0) => Ok(true),
         Some(1) => Ok(false),
@@ -262,7 +262,7 @@ fn zero_or_one(cmd: &Command, out: &Output) -> Result<bool> {
     }
 }
 
-fn failed(cmd: &Command, out: &Output) -> IptablesError {
+fn failed(cmd: &Command<'_>, out: &Output) -> IptablesError {
     let output = out.combined().trim().to_string();
     match out.status {
         Some(status) => IptablesError::Failed { command: cmd.program.clone(), args: args_text(cmd), status, output },
@@ -270,7 +270,7 @@ fn failed(cmd: &Command, out: &Output) -> IptablesError {
     }
 }
 
-fn args_text(cmd: &Command) -> String {
+fn args_text(cmd: &Command<'_>) -> String {
     let mut text = cmd.to_string();
     text.drain(..cmd.program.len().min(text.len()));
     text.trim_start().to_string()
@@ -380,7 +380,7 @@ impl IptablesRunner {
     }
 
     /// `iptables WAIT OP CHAIN -t TABLE ARGS...` (upstream's argument order).
-    fn single(&self, op: &str, table: Table, chain: &str, args: &[&str]) -> Result<(Command, Output)> {
+    fn single(&self, op: &str, table: Table, chain: &str, args: &[&str]) -> Result<(Command<'static>, Output)> {
         let mut full: Vec<&str> = self.wait_flag.to_vec();
         full.extend([op, chain, "-t", table.as_str()]);
         full.extend_from_slice(args);
@@ -410,7 +410,13 @@ impl IptablesRunner {
         if !output.success() {
             return Err(failed(&cmd, &output));
         }
-        out.extend_from_slice(&output.stdout);
+        // The nat table of a large cluster is tens of megabytes: hand the buffer over
+        // rather than copying it when the caller's is empty (it always is in the proxier).
+        if out.is_empty() {
+            *out = output.stdout;
+        } else {
+            out.extend_from_slice(&output.stdout);
+        }
         Ok(())
     }
 

@@ -1,7 +1,8 @@
 //! The API-server side: watches of Services, EndpointSlices and this Node, turned into the
 //! proxiers' `on_*` calls. The only module that talks to the API server.
 //!
-//! Event handling ([`ServiceEvents`], [`SliceEvents`], [`NodeEvents`]) takes kube-runtime
+//! The watches decode Services and EndpointSlices slim ([`objects`]). Event handling
+//! ([`ServiceEvents`], [`SliceEvents`], [`NodeEvents`]) takes kube-runtime
 //! watcher events, not clients, so tests feed hand-made streams. It keeps only object keys
 //! (no API objects): the trackers hold the compact state, and a re-list (`Init` …
 //! `InitApply`* … `InitDone`) deletes whatever was known but not listed again, so a dropped
@@ -11,6 +12,7 @@
 //! Service or EndpointSlice skipped as invalid gets a Warning event, once per problem and
 //! object version (see [`InvalidObjectReporter`]); syncs never raise these.
 
+pub mod objects;
 pub mod pod_cidr;
 pub mod watch;
 

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::EventRecorder;
 
+use super::objects::{ServiceView, SliceView, convert_event};
 use super::{NodeEvents, ProxierSet, ServiceEvents, SliceEvents, WATCH_LABEL_SELECTOR};
 
 /// Called with every state of this Node (`None`: deleted).
@@ -64,8 +65,10 @@ pub async fn run_with_events(
     shutdown: CancellationToken,
 ) {
     let selector = watcher::Config::default().labels(WATCH_LABEL_SELECTOR);
-    let services = watcher(Api::<Service>::all(client.clone()), selector.clone()).default_backoff();
-    let slices = watcher(Api::<EndpointSlice>::all(client.clone()), selector).default_backoff();
+    // Services and slices are decoded slim (see `objects`), then handed on as k8s-openapi
+    // objects holding only what the proxier reads.
+    let services = watcher(Api::<ServiceView>::all(client.clone()), selector.clone()).default_backoff();
+    let slices = watcher(Api::<SliceView>::all(client.clone()), selector).default_backoff();
     let node_cfg = watcher::Config::default().fields(&format!("metadata.name={hostname}"));
     let nodes = watcher(Api::<Node>::all(client), node_cfg).default_backoff();
 
@@ -76,8 +79,10 @@ pub async fn run_with_events(
     };
     let mut node_state = NodeEvents::default();
     tokio::join!(
-        consume("Service", services, shutdown.clone(), move |e| svc_state.handle(e, &p1)),
-        consume("EndpointSlice", slices, shutdown.clone(), move |e| slice_state.handle(e, &p2)),
+        consume("Service", services, shutdown.clone(), move |e| svc_state.handle(convert_event::<_, Service>(e), &p1)),
+        consume("EndpointSlice", slices, shutdown.clone(), move |e| {
+            slice_state.handle(convert_event::<_, EndpointSlice>(e), &p2)
+        }),
         consume("Node", nodes, shutdown, move |e| node_state.handle(e, &p3, on_node.as_ref())),
     );
 }

@@ -73,6 +73,68 @@ pub fn chain_key(name: &str) -> Option<ChainKey> {
     Some((kind << 80) | bits)
 }
 
+/// Longest hashed chain name: `KUBE-SEP-` (and the other 9-byte prefixes) plus 16 characters.
+const MAX_HASHED_NAME: usize = 25;
+
+/// A hashed chain name spelled out from its [`ChainKey`], on the stack: lets endpoints keep
+/// only the key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ChainName {
+    buf: [u8; MAX_HASHED_NAME],
+    len: u8,
+}
+
+impl ChainName {
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever written (a prefix and base32 characters).
+        std::str::from_utf8(&self.buf[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for ChainName {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Display for ChainName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for ChainName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl PartialEq<&str> for ChainName {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// The chain name a [`ChainKey`] was decoded from (the inverse of [`chain_key`]); empty
+/// for a key no name decodes to.
+pub fn chain_name(key: ChainKey) -> ChainName {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut name = ChainName { buf: [0; MAX_HASHED_NAME], len: 0 };
+    let kind = key >> 80;
+    let Some((prefix, _)) = KEY_PREFIXES.iter().find(|(_, k)| *k == kind) else {
+        return name;
+    };
+    let p = prefix.len();
+    name.buf[..p].copy_from_slice(prefix.as_bytes());
+    for i in 0..16 {
+        let v = (key >> (5 * (15 - i))) & 31;
+        name.buf[p + i] = ALPHABET[v as usize];
+    }
+    name.len = (p + 16) as u8;
+    name
+}
+
 /// The four chain names of a service port, computed once when the port is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceChainNames {
@@ -167,6 +229,21 @@ mod tests {
         assert_eq!(chain_key("KUBE-SEP-sxivwicoyro3j4nj"), None);
         assert_eq!(chain_key("KUBE-SERVICES"), None);
         assert_eq!(chain_key("KUBE-MARK-MASQ"), None);
+    }
+
+    #[test]
+    fn chain_names_are_spelled_out_from_keys() {
+        let names = ServiceChainNames::new("ns1/svc1:p80", "tcp");
+        for (name, key) in
+            [&names.cluster_policy, &names.local_policy, &names.firewall, &names.external].into_iter().zip(names.keys)
+        {
+            assert_eq!(chain_name(key), name.as_str());
+        }
+        let sep = endpoint_chain_name("ns1/svc1:p80", "tcp", "10.180.0.1:80");
+        let key = chain_key(&sep).expect("our chain");
+        assert_eq!(chain_name(key).as_str(), "KUBE-SEP-SXIVWICOYRO3J4NJ");
+        assert_eq!(chain_name(key).to_string(), sep);
+        assert_eq!(chain_name(0).as_str(), "", "no kind, no name");
     }
 
     #[test]

@@ -16,8 +16,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use crate::model::{EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef};
-use crate::proxier::chains::{self, ChainKey, chain_key, is_service_chain_name};
+use crate::model::{
+    EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
+};
+use crate::proxier::chains::{self, ChainKey, ChainName, chain_key, chain_name, is_service_chain_name};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::tracker::topology::categorize_endpoints;
@@ -141,23 +143,88 @@ pub fn render(cfg: &RenderConfig, input: &RenderInput<'_>, state: &RenderState) 
     r.finish(state)
 }
 
-/// A chain body for the per-service chains: its name and the range of its rule lines in the
-/// shared arena.
+/// One per-service nat chain written by this render: its name (as a key) and where its
+/// rules come from.
 struct ChainSpan<'a> {
-    name: &'a str,
     /// The name's first 16 bytes, big-endian: sorting by this (then by name) is sorting by
     /// name, with integer compares for all but near-ties.
-    key: u128,
-    start: usize,
-    end: usize,
-    rules: usize,
+    sort: u128,
+    /// Spelled out once: it is written twice (chain line and rules) and breaks sort ties.
+    name: ChainName,
+    body: SpanBody<'a>,
+}
+
+enum SpanBody<'a> {
+    /// Rules already rendered into the shared arena.
+    Arena { start: usize, end: usize, rules: usize },
+    /// A KUBE-SEP- chain, rendered straight into the payload when it is assembled: these
+    /// are most of the payload, and rendering them twice (arena, then payload) would hold
+    /// two copies of it at once.
+    Endpoint { svc: &'a ServicePortInfo, ep: &'a EndpointInfo },
 }
 
 impl<'a> ChainSpan<'a> {
-    fn new(name: &'a str, arena: &str, start: usize) -> Self {
+    /// The rules from `start` to the end of `arena`, for chain `name` (one of `svc.chains`).
+    fn arena(name: &str, key: ChainKey, arena: &str, start: usize) -> Self {
+        debug_assert_eq!(chain_name(key), name);
         let end = arena.len();
-        ChainSpan { name, key: sort_key(name), start, end, rules: count_lines(&arena[start..end]) }
+        let rules = count_lines(&arena[start..end]);
+        ChainSpan { sort: sort_key(name), name: chain_name(key), body: SpanBody::Arena { start, end, rules } }
     }
+
+    fn endpoint(svc: &'a ServicePortInfo, ep: &'a EndpointInfo) -> Self {
+        let name = ep.chain_name();
+        ChainSpan { sort: sort_key(&name), name, body: SpanBody::Endpoint { svc, ep } }
+    }
+
+    fn rules(&self) -> usize {
+        match self.body {
+            SpanBody::Arena { rules, .. } => rules,
+            SpanBody::Endpoint { .. } => ENDPOINT_CHAIN_RULES,
+        }
+    }
+}
+
+/// Rules in every KUBE-SEP- chain: the hairpin masquerade and the DNAT.
+const ENDPOINT_CHAIN_RULES: usize = 2;
+
+/// Writes the rules of `ep`'s KUBE-SEP- chain.
+fn push_endpoint_chain(out: &mut String, svc: &ServicePortInfo, ep: &EndpointInfo, chain: &str, large: bool) {
+    let name = svc.name_string.as_str();
+    let dnat_match = match svc.protocol {
+        crate::model::Protocol::Tcp => " -m tcp -p tcp -j DNAT --to-destination ",
+        crate::model::Protocol::Udp => " -m udp -p udp -j DNAT --to-destination ",
+        crate::model::Protocol::Sctp => " -m sctp -p sctp -j DNAT --to-destination ",
+    };
+    out.push_str("-A ");
+    out.push_str(chain);
+    if !large {
+        out.push_str(" -m comment --comment ");
+        out.push_str(name);
+    }
+    out.push_str(" -s ");
+    out.push_str(ep.ip());
+    out.push_str(" -j KUBE-MARK-MASQ\n-A ");
+    out.push_str(chain);
+    if !large {
+        out.push_str(" -m comment --comment ");
+        out.push_str(name);
+    }
+    if svc.sticky_seconds.is_some() {
+        out.push_str(" -m recent --name ");
+        out.push_str(chain);
+        out.push_str(" --set");
+    }
+    out.push_str(dnat_match);
+    out.push_str(&ep.endpoint);
+    out.push('\n');
+}
+
+/// An upper bound of what [`push_endpoint_chain`] writes.
+fn endpoint_chain_len(svc: &ServicePortInfo, ep: &EndpointInfo, large: bool) -> usize {
+    let comments = if large { 0 } else { 2 * (22 + svc.name_string.len()) };
+    let sticky = if svc.sticky_seconds.is_some() { 50 } else { 0 };
+    130 + comments + sticky + 2 * ep.endpoint.len()
 }
 
 fn sort_key(name: &str) -> u128 {
@@ -202,6 +269,8 @@ struct Renderer<'a> {
     // Per-service nat chains: rule text in one arena, spans per chain.
     arena: String,
     spans: Vec<ChainSpan<'a>>,
+    /// Upper bound of the bytes the KUBE-SEP- chains will take in the payload.
+    endpoint_chain_bytes: usize,
     /// Chains that must not be deleted as stale; collected only when stale chains are
     /// being looked for.
     active: KeySet,
@@ -231,8 +300,9 @@ impl<'a> Renderer<'a> {
             filter_firewall: String::new(),
             nat_services: String::with_capacity(input.services.len() * 160),
             nat_nodeports: String::new(),
-            arena: String::with_capacity(total * 300 + input.services.len() * 300),
+            arena: String::with_capacity(total * 100 + input.services.len() * 300),
             spans: Vec::with_capacity(total + input.services.len() * 2),
+            endpoint_chain_bytes: 0,
             active: if input.existing_nat_chains.is_some() {
                 KeySet::with_capacity_and_hasher(total + input.services.len() * 4, Default::default())
             } else {
@@ -444,6 +514,7 @@ impl<'a> Renderer<'a> {
         }
         let arena_before = self.arena.len();
         let spans_before = self.spans.len();
+        let endpoint_bytes_before = self.endpoint_chain_bytes;
 
         // Rules that send cluster-IP traffic to masquerade, in the internal traffic chain.
         let internal_masq = if has_internal {
@@ -494,7 +565,7 @@ impl<'a> Renderer<'a> {
             if has_external {
                 let _ = writeln!(a, "-A {external_chain} -j {external_policy_chain}");
             }
-            self.spans.push(ChainSpan::new(external_chain, &self.arena, start));
+            self.spans.push(ChainSpan::arena(external_chain, svc.chains.keys[3], &self.arena, start));
         }
 
         // KUBE-FW-
@@ -526,13 +597,15 @@ impl<'a> Renderer<'a> {
                 a,
                 "-A {fw_chain} -m comment --comment \"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL\""
             );
-            self.spans.push(ChainSpan::new(fw_chain, &self.arena, start));
+            self.spans.push(ChainSpan::arena(fw_chain, svc.chains.keys[2], &self.arena, start));
         }
 
         // KUBE-SVC- and KUBE-SVL-
-        for (used, chain, eps) in
-            [(uses_cluster_chain, cluster_chain, &cat.cluster), (uses_local_chain, local_chain, &cat.local)]
-        {
+        let [cluster_key, local_key, _, _] = svc.chains.keys;
+        for (used, chain, key, eps) in [
+            (uses_cluster_chain, cluster_chain, cluster_key, &cat.cluster),
+            (uses_local_chain, local_chain, local_key, &cat.local),
+        ] {
             if !used {
                 continue;
             }
@@ -543,51 +616,23 @@ impl<'a> Renderer<'a> {
                 self.arena.push_str(rule);
             }
             self.service_to_endpoint_rules(svc, chain, eps);
-            self.spans.push(ChainSpan::new(chain, &self.arena, start));
+            self.spans.push(ChainSpan::arena(chain, key, &self.arena, start));
         }
 
         // KUBE-SEP-
-        let dnat_match = match svc.protocol {
-            crate::model::Protocol::Tcp => " -m tcp -p tcp -j DNAT --to-destination ",
-            crate::model::Protocol::Udp => " -m udp -p udp -j DNAT --to-destination ",
-            crate::model::Protocol::Sctp => " -m sctp -p sctp -j DNAT --to-destination ",
-        };
         for ep in &cat.all_reachable {
-            let chain = ep.chain_name.as_str();
-            let start = self.arena.len();
-            let a = &mut self.arena;
-            a.push_str("-A ");
-            a.push_str(chain);
-            if !self.large {
-                a.push_str(" -m comment --comment ");
-                a.push_str(name);
-            }
-            a.push_str(" -s ");
-            a.push_str(&ep.ip);
-            a.push_str(" -j KUBE-MARK-MASQ\n-A ");
-            a.push_str(chain);
-            if !self.large {
-                a.push_str(" -m comment --comment ");
-                a.push_str(name);
-            }
-            if svc.sticky_seconds.is_some() {
-                a.push_str(" -m recent --name ");
-                a.push_str(chain);
-                a.push_str(" --set");
-            }
-            a.push_str(dnat_match);
-            a.push_str(&ep.endpoint);
-            a.push('\n');
-            self.spans.push(ChainSpan::new(chain, &self.arena, start));
+            self.endpoint_chain_bytes += endpoint_chain_len(svc, ep, self.large);
+            self.spans.push(ChainSpan::endpoint(svc, ep));
         }
 
-        let rules = self.spans[spans_before..].iter().map(|s| s.rules).sum::<usize>();
+        let rules = self.spans[spans_before..].iter().map(ChainSpan::rules).sum::<usize>();
         self.service_rules.insert(svc.name.clone(), rules);
         if skip {
             // Unchanged, but its rule count was not known: count, then leave it out.
             self.skipped_nat_rules += rules;
             self.arena.truncate(arena_before);
             self.spans.truncate(spans_before);
+            self.endpoint_chain_bytes = endpoint_bytes_before;
         }
     }
 
@@ -595,7 +640,7 @@ impl<'a> Renderer<'a> {
         let name = svc.name_string.as_str();
         if let Some(secs) = svc.sticky_seconds {
             for ep in eps {
-                let ep_chain = ep.chain_name.as_str();
+                let ep_chain = ep.chain_name();
                 let a = &mut self.arena;
                 a.push_str("-A ");
                 a.push_str(chain);
@@ -608,7 +653,7 @@ impl<'a> Renderer<'a> {
         let n = eps.len();
         self.probability(n);
         for (i, ep) in eps.iter().enumerate() {
-            let ep_chain = ep.chain_name.as_str();
+            let ep_chain = ep.chain_name();
             let prob = (i + 1 < n).then(|| self.probabilities[n - i].as_str());
             let a = &mut self.arena;
             a.push_str("-A ");
@@ -621,7 +666,7 @@ impl<'a> Renderer<'a> {
                 a.push_str(p);
             }
             a.push_str(" -j ");
-            a.push_str(ep_chain);
+            a.push_str(&ep_chain);
             a.push('\n');
         }
     }
@@ -722,8 +767,14 @@ impl<'a> Renderer<'a> {
 
         let mut top_level = Vec::new();
         let top_len: usize = filter.iter().chain(nat_top.iter()).map(|(_, _, b)| b.len() + 64).sum();
-        let mut out =
-            String::with_capacity(self.arena.len() + self.spans.len() * 40 + self.stale.len() * 80 + top_len + 256);
+        let mut out = String::with_capacity(
+            self.arena.len()
+                + self.endpoint_chain_bytes
+                + self.spans.len() * 40
+                + self.stale.len() * 80
+                + top_len
+                + 256,
+        );
 
         // *filter
         out.push_str("*filter\n");
@@ -740,15 +791,11 @@ impl<'a> Renderer<'a> {
         }
         out.push_str("COMMIT\n");
 
-        // *nat: the two fixed-first chains, then everything else by name.
+        // *nat: the two fixed-first chains, then everything else by name: the per-service
+        // chains (sorted in place) merged with the few other top-level and stale chains.
         out.push_str("*nat\n");
-        enum Body {
-            Top(&'static str, String),
-            Span(usize, usize, usize),
-            Stale,
-        }
-        let mut nat: Vec<(u128, &str, Body)> = Vec::with_capacity(self.spans.len() + self.stale.len() + 4);
-        let mut firsts: Vec<(u128, &str, Body)> = Vec::new();
+        let mut firsts: Vec<(&'static str, &'static str, String)> = Vec::new();
+        let mut others: Vec<(u128, &str, Other)> = Vec::with_capacity(self.stale.len() + 4);
         let mut omitted_nat_rules = 0;
         for (key, chain, body) in nat_top {
             if unchanged(key, &body) {
@@ -756,40 +803,54 @@ impl<'a> Renderer<'a> {
                 continue;
             }
             if chain == chains::KUBE_NODEPORTS || chain == chains::KUBE_SERVICES {
-                firsts.push((0, chain, Body::Top(key, body)));
+                firsts.push((key, chain, body));
             } else {
-                nat.push((sort_key(chain), chain, Body::Top(key, body)));
+                others.push((sort_key(chain), chain, Other::Top(key, body)));
             }
         }
-        // Each per-service chain has exactly one span: its rules are written together.
-        for span in &self.spans {
-            nat.push((span.key, span.name, Body::Span(span.start, span.end, span.rules)));
-        }
         for chain in &self.stale {
-            nat.push((sort_key(chain), chain.as_str(), Body::Stale));
+            others.push((sort_key(chain), chain.as_str(), Other::Stale));
         }
-        nat.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-        let all: Vec<(u128, &str, Body)> = firsts.into_iter().chain(nat).collect();
-        for (_, chain, _) in &all {
+        others.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        let mut spans = self.spans;
+        // Each per-service chain has exactly one span: its rules are written together.
+        spans.sort_unstable_by(|a, b| a.sort.cmp(&b.sort).then_with(|| a.name.as_str().cmp(b.name.as_str())));
+
+        for (_, chain, _) in &firsts {
             push_chain_line(&mut out, chain);
         }
-        stats.nat_chains = all.len();
+        for item in merged(&spans, &others) {
+            match item {
+                Merged::Span(span) => push_chain_line(&mut out, &span.name),
+                Merged::Other(chain, _) => push_chain_line(&mut out, chain),
+            }
+        }
+        stats.nat_chains = firsts.len() + spans.len() + others.len();
         let mut nat_rules = 0;
-        for (_, _, body) in &all {
-            match body {
-                Body::Top(_, text) => {
+        for (_, _, text) in &firsts {
+            out.push_str(text);
+            nat_rules += count_lines(text);
+        }
+        for item in merged(&spans, &others) {
+            match item {
+                Merged::Span(span) => {
+                    match span.body {
+                        SpanBody::Arena { start, end, .. } => out.push_str(&self.arena[start..end]),
+                        SpanBody::Endpoint { svc, ep } => {
+                            push_endpoint_chain(&mut out, svc, ep, &span.name, self.large)
+                        }
+                    }
+                    nat_rules += span.rules();
+                }
+                Merged::Other(_, Other::Top(_, text)) => {
                     out.push_str(text);
                     nat_rules += count_lines(text);
                 }
-                Body::Span(s, e, rules) => {
-                    out.push_str(&self.arena[*s..*e]);
-                    nat_rules += rules;
-                }
-                Body::Stale => {}
+                Merged::Other(_, Other::Stale) => {}
             }
         }
-        for (_, chain, body) in &all {
-            if matches!(body, Body::Stale) {
+        for (_, chain, body) in &others {
+            if matches!(body, Other::Stale) {
                 out.push_str("-X ");
                 out.push_str(chain);
                 out.push('\n');
@@ -798,8 +859,11 @@ impl<'a> Renderer<'a> {
             }
         }
         out.push_str("COMMIT\n");
-        for (_, _, body) in all {
-            if let Body::Top(key, text) = body {
+        for (key, _, text) in firsts {
+            top_level.push((key, text));
+        }
+        for (_, _, body) in others {
+            if let Other::Top(key, text) = body {
                 top_level.push((key, text));
             }
         }
@@ -808,6 +872,39 @@ impl<'a> Renderer<'a> {
         stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - stats.deleted_chains;
         Rendered { payload: out, full, stats, top_level, service_rules: self.service_rules }
     }
+}
+
+/// A nat chain other than the per-service ones: a top-level chain written in this sync
+/// (key and rules) or a stale chain to delete.
+enum Other {
+    Top(&'static str, String),
+    Stale,
+}
+
+enum Merged<'s, 'a> {
+    Span(&'s ChainSpan<'a>),
+    Other(&'s str, &'s Other),
+}
+
+/// `spans` and `others`, both sorted by name, merged in name order.
+fn merged<'s, 'a>(
+    spans: &'s [ChainSpan<'a>],
+    others: &'s [(u128, &'s str, Other)],
+) -> impl Iterator<Item = Merged<'s, 'a>> {
+    let mut spans = spans.iter().peekable();
+    let mut others = others.iter().peekable();
+    std::iter::from_fn(move || match (spans.peek(), others.peek()) {
+        (Some(span), Some((sort, name, _))) => {
+            let span_first = span.sort.cmp(sort).then_with(|| span.name.as_str().cmp(name)).is_lt();
+            if span_first {
+                spans.next().map(Merged::Span)
+            } else {
+                others.next().map(|(_, name, body)| Merged::Other(name, body))
+            }
+        }
+        (Some(_), None) => spans.next().map(Merged::Span),
+        (None, _) => others.next().map(|(_, name, body)| Merged::Other(name, body)),
+    })
 }
 
 /// `ns/name` of an `ns/name:port` string.

@@ -2,13 +2,16 @@
 //! as last applied and as pending, so that endpoints are merged across all of a Service's
 //! slices and an endpoint moving from one slice to another is never dropped in between.
 //!
-//! Slices are kept per Service and per slice name. Turning slices into [`EndpointInfo`]s
-//! happens only when changes are checked out, once per sync.
+//! Slices are kept per Service and per slice name, not as API objects but as the endpoint
+//! records the proxier renders from ([`EndpointInfo`]s per service port), built once when a
+//! slice arrives. The endpoints map shares those records (`Arc`s), so an endpoint costs one
+//! record however many maps hold it. Merging a Service's slices happens only when changes
+//! are checked out, once per sync.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
 use super::endpoints::EndpointsMap;
 use crate::model::ip::parse_ip_sloppy;
@@ -41,19 +44,51 @@ pub fn endpoint_slice_keys(slice: &EndpointSlice) -> Result<(NamespacedName, Str
     Ok((NamespacedName::new(namespace, service_name.clone()), name))
 }
 
-/// A recorded slice update: the whole object (compared as a whole, like upstream's
-/// `reflect.DeepEqual`) and whether it is a removal.
-#[derive(Debug, Clone, PartialEq)]
-struct SliceData {
-    slice: Arc<EndpointSlice>,
-    remove: bool,
+/// What the proxier uses of one EndpointSlice: for each of its valid ports, in the slice's
+/// order, the endpoints with a valid address of this family, in the slice's order. Two
+/// versions of a slice that differ only in fields the proxier ignores (targetRef,
+/// hostname, metadata, …) are equal, so such an update is not a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SliceRecord {
+    ports: Box<[(ServicePortName, Box<[EndpointRef]>)]>,
 }
 
-/// Applied and pending slices of one Service, by slice name.
+/// A recorded slice update: `None` is a removal.
+type SliceData = Option<SliceRecord>;
+
+/// Applied and pending slices of one Service, each sorted by slice name. Most Services have
+/// one slice, so these are vectors sized to fit rather than maps: there are as many of
+/// them as Services.
 #[derive(Debug, Default)]
 struct SliceTracker {
-    applied: BTreeMap<String, SliceData>,
-    pending: BTreeMap<String, SliceData>,
+    applied: Vec<(String, SliceRecord)>,
+    pending: Vec<(String, SliceData)>,
+}
+
+/// The entry for `name` in a vector sorted by name.
+fn find<'v, T>(entries: &'v [(String, T)], name: &str) -> Option<&'v T> {
+    entries.binary_search_by(|(n, _)| n.as_str().cmp(name)).ok().map(|i| &entries[i].1)
+}
+
+/// Sets `name` to `value` in a vector sorted by name, growing it by exactly one if needed.
+fn upsert<T>(entries: &mut Vec<(String, T)>, name: String, value: T) {
+    match entries.binary_search_by(|(n, _)| n.as_str().cmp(&name)) {
+        Ok(i) => entries[i].1 = value,
+        Err(i) => {
+            entries.reserve_exact(1);
+            entries.insert(i, (name, value));
+        }
+    }
+}
+
+/// Removes `name` from a vector sorted by name.
+fn remove<T>(entries: &mut Vec<(String, T)>, name: &str) {
+    if let Ok(i) = entries.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+        entries.remove(i);
+        if entries.capacity() > 2 * entries.len() {
+            entries.shrink_to_fit();
+        }
+    }
 }
 
 /// The endpoints of one Service before and after applying its pending slices.
@@ -79,21 +114,21 @@ impl EndpointSliceCache {
     }
 
     /// Records `slice` (or its removal) as pending. Returns whether that changes anything:
-    /// an update identical to the pending (or, with none pending, the applied) version is
-    /// not a change, nor is removing a slice the cache never saw.
+    /// an update equal (in what the proxier uses) to the pending (or, with none pending, the
+    /// applied) version is not a change, nor is removing a slice the cache never saw.
     pub fn update_pending(&mut self, slice: &EndpointSlice, remove: bool) -> Result<bool, InvalidEndpointSlice> {
         let (service, slice_name) = endpoint_slice_keys(slice)?;
-        let data = SliceData { slice: Arc::new(slice.clone()), remove };
+        let data = if remove { None } else { Some(self.record(&service, slice)) };
         let changed = match self.services.get(&service) {
-            Some(tracker) => match (tracker.pending.get(&slice_name), tracker.applied.get(&slice_name)) {
+            Some(tracker) => match (find(&tracker.pending, &slice_name), find(&tracker.applied, &slice_name)) {
                 (Some(pending), _) => *pending != data,
-                (None, Some(applied)) => *applied != data,
+                (None, Some(applied)) => data.as_ref() != Some(applied),
                 (None, None) => !remove,
             },
             None => !remove,
         };
         if changed {
-            self.services.entry(service).or_default().pending.insert(slice_name, data);
+            upsert(&mut self.services.entry(service).or_default().pending, slice_name, data);
         }
         Ok(changed)
     }
@@ -110,22 +145,20 @@ impl EndpointSliceCache {
     /// Marks every pending update as applied and returns, per changed Service, its
     /// endpoints before and after.
     pub(crate) fn checkout_changes(&mut self) -> BTreeMap<NamespacedName, EndpointsChange> {
-        let builder = Builder { node_name: &self.node_name, family: self.family };
         let mut changes = BTreeMap::new();
         let mut emptied = Vec::new();
         for (service, tracker) in self.services.iter_mut() {
             if tracker.pending.is_empty() {
                 continue;
             }
-            let previous = builder.build(service, tracker.applied.values());
+            let previous = merge(tracker.applied.iter().map(|(_, record)| record));
             for (name, data) in std::mem::take(&mut tracker.pending) {
-                if data.remove {
-                    tracker.applied.remove(&name);
-                } else {
-                    tracker.applied.insert(name, data);
+                match data {
+                    Some(record) => upsert(&mut tracker.applied, name, record),
+                    None => remove(&mut tracker.applied, &name),
                 }
             }
-            let current = builder.build(service, tracker.applied.values());
+            let current = merge(tracker.applied.iter().map(|(_, record)| record));
             if tracker.applied.is_empty() {
                 emptied.push(service.clone());
             }
@@ -136,116 +169,129 @@ impl EndpointSliceCache {
         }
         changes
     }
-}
 
-/// Turns slices into endpoints for one node and family.
-struct Builder<'a> {
-    node_name: &'a str,
-    family: IpFamily,
-}
-
-impl Builder<'_> {
-    /// The endpoints map of one Service from its slices (upstream `getEndpointsMap`).
-    fn build<'a>(&self, service: &NamespacedName, slices: impl Iterator<Item = &'a SliceData>) -> EndpointsMap {
-        // Per service port, endpoints keyed (and so sorted) by endpoint string.
-        let mut by_port: BTreeMap<ServicePortName, BTreeMap<String, EndpointRef>> = BTreeMap::new();
-        for data in slices {
-            let slice = &data.slice;
-            for port in slice.ports.iter().flatten() {
-                let Some(port_name) = port.name.as_ref() else {
-                    tracing::debug!(%service, "ignoring endpoint slice port with no name");
-                    continue;
+    /// The record of one slice of `service` (upstream's `addEndpoints` per port, done once
+    /// per slice update rather than on every merge).
+    fn record(&self, service: &NamespacedName, slice: &EndpointSlice) -> SliceRecord {
+        let slice_name = slice.metadata.name.as_deref().unwrap_or("");
+        let endpoints: Vec<(&str, &Endpoint)> = slice
+            .endpoints
+            .iter()
+            .filter_map(|ep| {
+                let Some(address) = ep.addresses.first() else {
+                    tracing::debug!(slice = slice_name, "ignoring endpoint with no address");
+                    return None;
                 };
-                let number = match port.port {
-                    Some(n) if (1..=65535).contains(&n) => n,
-                    None | Some(0) => {
-                        tracing::debug!(%service, port = port_name.as_str(), "ignoring endpoint slice port with no number");
-                        continue;
-                    }
-                    Some(other) => {
+                match parse_ip_sloppy(address) {
+                    Some(ip) if IpFamily::of(&ip) == self.family => Some((address.as_str(), ep)),
+                    _ => {
                         tracing::warn!(
                             %service,
-                            slice = slice.metadata.name.as_deref().unwrap_or(""),
-                            port = port_name.as_str(),
-                            number = other,
-                            "ignoring endpoint slice port outside 1-65535"
+                            slice = slice_name,
+                            address = address.as_str(),
+                            family = %self.family,
+                            "ignoring endpoint address that is not a valid address of this family"
                         );
-                        continue;
+                        None
                     }
-                };
-                // The API defaults the protocol to TCP; an absent one is read the same way.
-                let protocol = match port.protocol.as_deref() {
-                    None => Protocol::Tcp,
-                    Some(p) => match Protocol::from_api(p) {
-                        Some(protocol) => protocol,
-                        None => {
-                            tracing::warn!(%service, slice = slice.metadata.name.as_deref().unwrap_or(""), port = port_name.as_str(), protocol = p, "ignoring endpoint port with unknown protocol");
-                            continue;
-                        }
-                    },
-                };
-                let name = ServicePortName::new(service.clone(), port_name.clone(), protocol);
-                let set = by_port.entry(name.clone()).or_default();
-                self.add_endpoints(set, &name, slice, number);
-            }
-        }
-        let mut map = EndpointsMap::new();
-        for (name, set) in by_port {
-            if !set.is_empty() {
-                map.insert(name, set.into_values().collect());
-            }
-        }
-        map
+                }
+            })
+            .collect();
+        let ports = slice
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|port| {
+                let (name, number) = valid_port(service, slice_name, port)?;
+                let eps = endpoints.iter().map(|(address, ep)| Arc::new(self.endpoint(&name, address, number, ep)));
+                let eps = eps.collect();
+                Some((name, eps))
+            })
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        SliceRecord { ports }
     }
 
-    /// Adds the endpoints of `slice` for one of its ports (upstream `addEndpoints`).
-    fn add_endpoints(
-        &self,
-        set: &mut BTreeMap<String, EndpointRef>,
-        service_port: &ServicePortName,
-        slice: &EndpointSlice,
-        port: i32,
-    ) {
-        let slice_name = slice.metadata.name.as_deref().unwrap_or("");
-        for ep in &slice.endpoints {
-            let Some(address) = ep.addresses.first() else {
-                tracing::debug!(slice = slice_name, "ignoring endpoint with no address");
-                continue;
-            };
-            match parse_ip_sloppy(address) {
-                Some(ip) if IpFamily::of(&ip) == self.family => {}
-                _ => {
-                    tracing::warn!(
-                        service = %service_port,
-                        slice = slice_name,
-                        address = address.as_str(),
-                        family = %self.family,
-                        "ignoring endpoint address that is not a valid address of this family"
-                    );
-                    continue;
+    fn endpoint(&self, service_port: &ServicePortName, address: &str, port: i32, ep: &Endpoint) -> EndpointInfo {
+        // 1.29 writes the address as it appears in the slice, both in the endpoint string
+        // (DNAT target, chain hash) and in IP() (hairpin rule); it is only validated here.
+        let mut info = EndpointInfo::new(service_port, address, port);
+        info.is_local = !self.node_name.is_empty() && ep.node_name.as_deref() == Some(self.node_name.as_str());
+        let conditions = ep.conditions.as_ref();
+        // Absent ready/serving mean true, absent terminating means false.
+        info.ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+        info.serving = conditions.and_then(|c| c.serving).unwrap_or(true);
+        info.terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+        if let Some(zones) = ep.hints.as_ref().and_then(|h| h.for_zones.as_ref()) {
+            info.zone_hints = zones.iter().map(|z| z.name.clone()).collect();
+        }
+        info
+    }
+}
+
+/// The service port an EndpointSlice port is for and its number, or `None` (logged) when
+/// the port is unusable.
+fn valid_port(
+    service: &NamespacedName,
+    slice_name: &str,
+    port: &k8s_openapi::api::discovery::v1::EndpointPort,
+) -> Option<(ServicePortName, i32)> {
+    let Some(port_name) = port.name.as_ref() else {
+        tracing::debug!(%service, "ignoring endpoint slice port with no name");
+        return None;
+    };
+    let number = match port.port {
+        Some(n) if (1..=65535).contains(&n) => n,
+        None | Some(0) => {
+            tracing::debug!(%service, port = port_name.as_str(), "ignoring endpoint slice port with no number");
+            return None;
+        }
+        Some(other) => {
+            tracing::warn!(
+                %service,
+                slice = slice_name,
+                port = port_name.as_str(),
+                number = other,
+                "ignoring endpoint slice port outside 1-65535"
+            );
+            return None;
+        }
+    };
+    // The API defaults the protocol to TCP; an absent one is read the same way.
+    let protocol = match port.protocol.as_deref() {
+        None => Protocol::Tcp,
+        Some(p) => match Protocol::from_api(p) {
+            Some(protocol) => protocol,
+            None => {
+                tracing::warn!(%service, slice = slice_name, port = port_name.as_str(), protocol = p, "ignoring endpoint port with unknown protocol");
+                return None;
+            }
+        },
+    };
+    Some((ServicePortName::new(service.clone(), port_name.clone(), protocol), number))
+}
+
+/// The endpoints map of one Service from its slices (upstream `getEndpointsMap`): per
+/// service port, the endpoints of all slices sorted by endpoint string. The same endpoint
+/// may appear twice (e.g. while moving between slices); the first copy in slice-name order
+/// is kept unless a later one is local.
+fn merge<'a>(records: impl Iterator<Item = &'a SliceRecord>) -> EndpointsMap {
+    let mut by_port: BTreeMap<&ServicePortName, BTreeMap<&str, &EndpointRef>> = BTreeMap::new();
+    for record in records {
+        for (name, endpoints) in record.ports.iter() {
+            let set = by_port.entry(name).or_default();
+            for ep in endpoints.iter() {
+                if ep.is_local || !set.contains_key(ep.endpoint.as_str()) {
+                    set.insert(ep.endpoint.as_str(), ep);
                 }
-            }
-            let is_local = !self.node_name.is_empty() && ep.node_name.as_deref() == Some(self.node_name);
-            let conditions = ep.conditions.as_ref();
-            // 1.29 writes the address as it appears in the slice, both in the endpoint
-            // string (DNAT target, chain hash) and in IP() (hairpin rule); it is only
-            // validated here.
-            let mut info = EndpointInfo::new(service_port, address, port);
-            info.is_local = is_local;
-            // Absent ready/serving mean true, absent terminating means false.
-            info.ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-            info.serving = conditions.and_then(|c| c.serving).unwrap_or(true);
-            info.terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-            if let Some(zones) = ep.hints.as_ref().and_then(|h| h.for_zones.as_ref()) {
-                info.zone_hints = zones.iter().map(|z| z.name.clone()).collect();
-            }
-            // The same endpoint may appear twice (e.g. while moving between slices); a
-            // local copy wins.
-            if is_local || !set.contains_key(&info.endpoint) {
-                set.insert(info.endpoint.clone(), Arc::new(info));
             }
         }
     }
+    by_port
+        .into_iter()
+        .filter(|(_, set)| !set.is_empty())
+        .map(|(name, set)| (name.clone(), set.into_values().map(Arc::clone).collect()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -366,8 +412,8 @@ mod tests {
         assert_eq!(eps[0].zone_hints.iter().map(String::as_str).collect::<Vec<_>>(), ["zone-a", "zone-b"]);
         assert!(eps[1].zone_hints.is_empty());
         // Upstream's own test name for ns1/svc1:p80 endpoint 10.180.0.1:80.
-        assert_eq!(eps[0].chain_name, "KUBE-SEP-SXIVWICOYRO3J4NJ");
-        assert_eq!(eps[0].ip, "10.180.0.1");
+        assert_eq!(eps[0].chain_name(), "KUBE-SEP-SXIVWICOYRO3J4NJ");
+        assert_eq!(eps[0].ip(), "10.180.0.1");
         assert_eq!(eps[0].port, 80);
 
         // Without a node name nothing is local.
@@ -384,7 +430,7 @@ mod tests {
         let e = &map[&spn("p", Protocol::Tcp)][0];
         assert_eq!(e.endpoint, "[FD00:0::1]:80");
         // 1.29's IP() is the address as written too, so hairpin and DNAT rules agree.
-        assert_eq!(e.ip, "FD00:0::1");
+        assert_eq!(e.ip(), "FD00:0::1");
     }
 
     #[test]
@@ -437,6 +483,52 @@ mod tests {
         assert!(change.current.is_empty());
         // The Service's entry goes once its last slice is gone.
         assert!(cache.services.is_empty());
+    }
+
+    #[test]
+    fn fields_the_proxier_ignores_are_not_kept_or_compared() {
+        let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
+        let v1 = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node("other")).build();
+        assert_eq!(cache.update_pending(&v1, false), Ok(true));
+        cache.checkout_changes();
+        // Only a target reference, the hostname and an annotation differ.
+        let mut v2 = v1.clone();
+        v2.endpoints[0].hostname = Some("pod-1".into());
+        v2.endpoints[0].target_ref = Some(k8s_openapi::api::core::v1::ObjectReference {
+            kind: Some("Pod".into()),
+            name: Some("pod-1".into()),
+            ..Default::default()
+        });
+        v2.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        assert_eq!(cache.update_pending(&v2, false), Ok(false));
+        assert!(cache.pending_services().is_empty());
+        // Any field it uses is a change: conditions, node (locality), zone hints.
+        let mut v3 = v1.clone();
+        v3.endpoints[0].node_name = Some(NODE.into());
+        assert_eq!(cache.update_pending(&v3, false), Ok(true));
+        let v4 =
+            slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node("other").zones(&["z"])).build();
+        assert_eq!(cache.update_pending(&v4, false), Ok(true));
+        let v5 = slice("ns1", "svc1", "s")
+            .port("p", 80, "TCP")
+            .endpoint(ep("10.0.0.1").node("other").conditions(Some(false), None, None))
+            .build();
+        assert_eq!(cache.update_pending(&v5, false), Ok(true));
+    }
+
+    #[test]
+    fn endpoints_map_shares_the_cached_records() {
+        let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
+        let s =
+            slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).endpoint(ep("10.0.0.2")).build();
+        let map = apply(&mut cache, &[(s, false)]);
+        let service = NamespacedName::new("ns1", "svc1");
+        let cached = &cache.services[&service].applied[0].1.ports[0].1;
+        let mapped = &map[&spn("p", Protocol::Tcp)];
+        assert_eq!(cached.len(), 2);
+        for (c, m) in cached.iter().zip(mapped) {
+            assert!(Arc::ptr_eq(c, m), "one record per endpoint, not a copy");
+        }
     }
 
     #[test]

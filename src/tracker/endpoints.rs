@@ -81,7 +81,7 @@ impl EndpointsMap {
         let mut ips: BTreeMap<&NamespacedName, BTreeSet<&str>> = BTreeMap::new();
         for (name, endpoints) in &self.0 {
             for ep in endpoints.iter().filter(|ep| ep.ready && ep.is_local) {
-                ips.entry(&name.service).or_default().insert(ep.ip.as_str());
+                ips.entry(&name.service).or_default().insert(ep.ip());
             }
         }
         ips.into_iter().map(|(service, set)| (service.clone(), set.len())).collect()
@@ -738,7 +738,7 @@ mod tests {
         map.update(&mut v6_tracker);
         let eps = &map[&ServicePortName::new(NamespacedName::new("ns", "svc"), "p", Protocol::Tcp)];
         assert_eq!(eps[0].endpoint, "[fd00::1]:80");
-        assert_eq!(eps[0].ip, "fd00::1");
+        assert_eq!(eps[0].ip(), "fd00::1");
     }
 
     #[test]

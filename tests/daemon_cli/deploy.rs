@@ -254,6 +254,9 @@ fn daemon_set_runs_privileged_on_every_node_with_host_network() {
     let env = c.env.iter().flatten().find(|e| e.name == "NODE_NAME").expect("NODE_NAME env");
     let field = env.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str());
     assert_eq!(field, Some("spec.nodeName"));
+    // A fixed glibc mmap threshold keeps freed render buffers from staying resident.
+    let malloc = c.env.iter().flatten().find(|e| e.name == "MALLOC_MMAP_THRESHOLD_").expect("malloc env");
+    assert_eq!(malloc.value.as_deref(), Some("131072"));
 }
 
 #[test]
