@@ -291,10 +291,8 @@ async fn daemon_main(
     // NodeCIDR mode: a change of the node's podCIDRs means a restart (the detector was built
     // from them).
     let (restart_tx, mut restart_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let pod_cidr_guard = std::sync::Mutex::new(node_cidr_mode.then(|| {
-        let cidrs = node.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
-        crate::k8s::pod_cidr::PodCidrGuard::new(&cidrs)
-    }));
+    let pod_cidr_guard =
+        std::sync::Mutex::new(node_cidr_mode.then(|| crate::k8s::pod_cidr::PodCidrGuard::for_node(node.as_ref())));
     let on_node: crate::k8s::watch::NodeCallback = Arc::new(move |n| {
         if let Some(n) = n {
             health.sync_node(n);

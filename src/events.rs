@@ -88,6 +88,12 @@ pub struct EventRecord {
     pub note: String,
 }
 
+impl EventRecord {
+    pub fn new(regarding: ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) -> Self {
+        EventRecord { regarding, type_, reason: reason.to_owned(), action: action.to_owned(), note: note.to_owned() }
+    }
+}
+
 /// Records Events about API objects. Never blocks and never fails: Events are best-effort.
 pub trait EventRecorder: Send + Sync {
     fn record(&self, regarding: ObjectReference, type_: EventType, reason: &str, action: &str, note: &str);
@@ -130,13 +136,7 @@ impl FakeEventRecorder {
 
 impl EventRecorder for FakeEventRecorder {
     fn record(&self, regarding: ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) {
-        let record = EventRecord {
-            regarding,
-            type_,
-            reason: reason.to_owned(),
-            action: action.to_owned(),
-            note: note.to_owned(),
-        };
+        let record = EventRecord::new(regarding, type_, reason, action, note);
         self.records.lock().unwrap_or_else(PoisonError::into_inner).push(record);
     }
 }
@@ -453,13 +453,7 @@ impl EventRecorder for KubeEventRecorder {
             note,
             "event occurred"
         );
-        let record = EventRecord {
-            regarding,
-            type_,
-            reason: reason.to_owned(),
-            action: action.to_owned(),
-            note: note.to_owned(),
-        };
+        let record = EventRecord::new(regarding, type_, reason, action, note);
         if let Err(e) = self.tx.try_send(record) {
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             match e {

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::require_root;
-use crate::support::e2e::{API_IP, BIN, DaemonProcess, NODE_IP, TempDir, eventually, nat, topology, topology_tls};
+use crate::support::e2e::{
+    API_IP, BIN, DaemonProcess, NODE_IP, TempDir, daemon_args, eventually, nat, topology, topology_tls,
+};
 use crate::support::fixtures::{node, slice, svc};
 
 fn web_slice(ip: &str) -> EndpointSlice {
@@ -26,17 +28,11 @@ async fn daemon_programs_follows_and_exits_cleanly() {
     server.create(&web_slice("10.1.0.1"));
 
     let dir = TempDir::new("e2e");
-    let args = vec![
-        format!("--kubeconfig={}", dir.kubeconfig(&server).display()),
-        "--hostname-override=node-e2e".into(),
-        "--iptables-sync-period=2s".into(),
-        "--iptables-min-sync-period=100ms".into(),
-        "--conntrack-max-per-core=0".into(),
-        format!("--healthz-bind-address={NODE_IP}:10256"),
-        "--metrics-bind-address=127.0.0.1:10249".into(),
-        "--oom-score-adj=500".into(),
-        "-v=2".into(),
-    ];
+    let mut args = daemon_args(&dir.kubeconfig(&server), "node-e2e");
+    args.extend(
+        ["--iptables-sync-period=2s", "--iptables-min-sync-period=100ms", "--oom-score-adj=500", "-v=2"]
+            .map(String::from),
+    );
     let mut daemon = DaemonProcess::start(&node_ns, &args, dir.path().join("daemon.log"), &[]);
 
     let limit = Duration::from_secs(30);
@@ -143,13 +139,7 @@ async fn daemon_memory_at_10k_services() {
         node_ns.ok(&["iptables-legacy", "-t", "mangle", "-N", "KUBE-KUBELET-CANARY"]);
     }
     let dir = TempDir::new("e2emem");
-    let args = vec![
-        format!("--kubeconfig={}", dir.kubeconfig(&server).display()),
-        "--hostname-override=node-e2e".into(),
-        "--conntrack-max-per-core=0".into(),
-        "--metrics-bind-address=127.0.0.1:10249".into(),
-        format!("--healthz-bind-address={NODE_IP}:10256"),
-    ];
+    let args = daemon_args(&dir.kubeconfig(&server), "node-e2e");
     let started = Instant::now();
     let daemon = DaemonProcess::start(&node_ns, &args, dir.path().join("daemon.log"), &[]);
     let pid = daemon.pid();
@@ -216,16 +206,11 @@ async fn node_cidr_mode_waits_for_pod_cidrs_and_restarts_on_change() {
     server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
     server.create(&web_slice("10.1.0.1"));
     let dir = TempDir::new("e2ecidr");
-    let args = vec![
-        format!("--kubeconfig={}", dir.kubeconfig(&server).display()),
-        "--hostname-override=node-e2e".into(),
-        "--detect-local-mode=NodeCIDR".into(),
-        "--iptables-sync-period=2s".into(),
-        "--iptables-min-sync-period=100ms".into(),
-        "--conntrack-max-per-core=0".into(),
-        format!("--healthz-bind-address={NODE_IP}:10256"),
-        "--metrics-bind-address=127.0.0.1:10249".into(),
-    ];
+    let mut args = daemon_args(&dir.kubeconfig(&server), "node-e2e");
+    args.extend(
+        ["--detect-local-mode=NodeCIDR", "--iptables-sync-period=2s", "--iptables-min-sync-period=100ms"]
+            .map(String::from),
+    );
     let mut daemon = DaemonProcess::start(&node_ns, &args, dir.path().join("daemon.log"), &[]);
     let limit = Duration::from_secs(30);
     eventually("waiting for podCIDR logged", limit, || daemon.log_text().contains("awaiting podCIDR allocation")).await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::require_root;
-use crate::support::e2e::{DaemonProcess, NODE_IP, TempDir, bind_in_netns, eventually, nat, topology};
+use crate::support::e2e::{DaemonProcess, NODE_IP, TempDir, bind_in_netns, daemon_args, eventually, nat, topology};
 use crate::support::fixtures::{node, slice, svc};
 
 fn find<'a>(events: &'a [Value], reason: &str, name: &str) -> Vec<&'a Value> {
@@ -39,14 +39,8 @@ async fn daemon_posts_startup_invalid_object_and_health_check_events() {
     server.create(&slice("ns1", "lb", "lb-1").tcp("http", 8080).ips(&["10.1.0.5"]).build());
 
     let dir = TempDir::new("e2eev");
-    let args = vec![
-        format!("--kubeconfig={}", dir.kubeconfig(&server).display()),
-        "--hostname-override=node-ev".into(),
-        "--iptables-min-sync-period=100ms".into(),
-        "--conntrack-max-per-core=0".into(),
-        format!("--healthz-bind-address={NODE_IP}:10256"),
-        "--metrics-bind-address=127.0.0.1:10249".into(),
-    ];
+    let mut args = daemon_args(&dir.kubeconfig(&server), "node-ev");
+    args.push("--iptables-min-sync-period=100ms".into());
     let mut daemon = DaemonProcess::start(&node_ns, &args, dir.path().join("daemon.log"), &[]);
     let limit = Duration::from_secs(30);
     eventually("initial rules", limit, || nat(&node_ns).contains("--to-destination 10.1.0.1:8080")).await;

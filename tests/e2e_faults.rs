@@ -33,14 +33,15 @@ use serde_json::json;
 
 use crate::require_root;
 use crate::support::apiserver::{ApiServer, Kind};
-use crate::support::e2e::{DaemonProcess, NODE_IP, TempDir, bind_in_netns, in_netns, nat, topology};
+use crate::support::e2e::{
+    DaemonProcess, HEALTHZ_ADDR, METRICS_ADDR, NODE_IP, TempDir, bind_in_netns, daemon_args, in_netns, nat, topology,
+};
 use crate::support::fixtures::{ep, node, slice, svc};
 use crate::support::netns::Netns;
+use crate::support::{canonical_rules, line_diff};
 
 const HOST: &str = "node-f";
 const SYNC_PERIOD: Duration = Duration::from_secs(2);
-const HEALTHZ: &str = "198.18.20.2:10256";
-const METRICS: &str = "127.0.0.1:10249";
 /// How long the daemon gets to converge after a fault ends (watch backoff included).
 const CONVERGE: Duration = Duration::from_secs(45);
 /// Chains that are not the proxier's rules: the sync loop's canary and kubelet's.
@@ -65,17 +66,13 @@ impl Testbed {
         let (api_ns, node_ns, server) = topology(tag).await;
         server.create(&node(HOST, &[], &["198.19.0.0/24"], &[NODE_IP]));
         let dir = TempDir::new(tag);
-        let args = vec![
-            format!("--kubeconfig={}", dir.kubeconfig(&server).display()),
-            format!("--hostname-override={HOST}"),
+        let mut args = daemon_args(&dir.kubeconfig(&server), HOST);
+        args.extend([
             format!("--iptables-sync-period={}s", SYNC_PERIOD.as_secs()),
             "--iptables-min-sync-period=100ms".into(),
             "--cluster-cidr=198.19.0.0/16".into(),
-            "--conntrack-max-per-core=0".into(),
-            format!("--healthz-bind-address={HEALTHZ}"),
-            format!("--metrics-bind-address={METRICS}"),
             "-v=2".into(),
-        ];
+        ]);
         Testbed { daemon: None, dir, server, node_ns, api_ns, args }
     }
 
@@ -184,7 +181,7 @@ impl Testbed {
             if start.elapsed() > CONVERGE {
                 let mut text = String::new();
                 for f in FAMILIES {
-                    text.push_str(&format!("{f}:\n{}", diff(&expected[&f], &actual[&f])));
+                    text.push_str(&format!("{f}:\n{}", line_diff(&expected[&f], &actual[&f])));
                 }
                 panic!(
                     "{what}: the node's rules do not match the API state (- expected, + actual):\n{text}\ndaemon log:\n{}",
@@ -200,7 +197,7 @@ impl Testbed {
             assert!(
                 actual[&f] == expected[&f],
                 "{what}: {f} rules changed after a periodic sync:\n{}",
-                diff(&expected[&f], &actual[&f])
+                line_diff(&expected[&f], &actual[&f])
             );
         }
     }
@@ -220,35 +217,7 @@ fn interface_addresses(ns: &Netns) -> Vec<std::net::IpAddr> {
 
 /// filter and nat, chains sorted by name, counters zeroed, canaries left out.
 fn canonical(ipt: &dyn Iptables) -> String {
-    let mut out = String::new();
-    for table in [Table::Filter, Table::Nat] {
-        let mut buf = Vec::new();
-        ipt.save_into(table, &mut buf).expect("save");
-        let mut dump = Dump::parse(&String::from_utf8(buf).expect("utf-8")).expect("save output parses");
-        for t in &mut dump.tables {
-            t.chains.retain(|c| !IGNORED_CHAINS.contains(&c.name.as_str()));
-            t.chains.sort_by(|a, b| a.name.cmp(&b.name));
-            for c in &mut t.chains {
-                c.packets = 0;
-                c.bytes = 0;
-            }
-        }
-        out.push_str(&dump.to_string());
-    }
-    out
-}
-
-fn diff(expected: &str, actual: &str) -> String {
-    let mut text = String::new();
-    for change in similar::TextDiff::from_lines(expected, actual).iter_all_changes() {
-        let sign = match change.tag() {
-            similar::ChangeTag::Delete => "-",
-            similar::ChangeTag::Insert => "+",
-            similar::ChangeTag::Equal => " ",
-        };
-        text.push_str(&format!("{sign}{change}"));
-    }
-    text
+    canonical_rules(ipt, &IGNORED_CHAINS)
 }
 
 /// `GET path` on `addr` from inside `ns`: status and body, `None` if nothing answered.
@@ -268,7 +237,7 @@ fn http_get(ns: &Netns, addr: &str, path: &str) -> Option<(u16, String)> {
 
 /// The value of an unlabelled metric on the daemon's metrics port.
 fn metric(ns: &Netns, name: &str) -> Option<f64> {
-    let (_, body) = http_get(ns, METRICS, "/metrics")?;
+    let (_, body) = http_get(ns, METRICS_ADDR, "/metrics")?;
     body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
@@ -432,7 +401,7 @@ fn failing_restore_wrappers(bin: &std::path::Path, flag: &std::path::Path) {
 }
 
 fn healthz(ns: &Netns) -> Option<u16> {
-    http_get(ns, HEALTHZ, "/healthz").map(|(status, _)| status)
+    http_get(ns, HEALTHZ_ADDR, "/healthz").map(|(status, _)| status)
 }
 
 /// Restores start failing after the daemon has synced; a change arrives. /healthz stays 200
@@ -450,7 +419,7 @@ async fn iptables_restore_failures_turn_healthz_503_and_recover() {
     let path = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display());
     t.start(&[("PATH", &path)]);
     t.wait_exact("initial sync through the wrappers").await;
-    let (status, body) = http_get(&t.node_ns, HEALTHZ, "/healthz").expect("healthz answers");
+    let (status, body) = http_get(&t.node_ns, HEALTHZ_ADDR, "/healthz").expect("healthz answers");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"lastUpdated\""), "JSON body: {body}");
     let failures_before = metric(&t.node_ns, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total")
@@ -477,7 +446,7 @@ async fn iptables_restore_failures_turn_healthz_503_and_recover() {
     eprintln!("/healthz turned 503 {unhealthy_at:?} after the change");
     assert!(unhealthy_at >= 2 * SYNC_PERIOD, "503 after {unhealthy_at:?}, before 2 × syncPeriod");
     assert!(saw_healthy_after_one_period, "still 200 one sync period after the change");
-    let (_, body) = http_get(&t.node_ns, HEALTHZ, "/healthz").expect("healthz answers");
+    let (_, body) = http_get(&t.node_ns, HEALTHZ_ADDR, "/healthz").expect("healthz answers");
     assert!(body.contains("\"lastUpdated\"") && body.contains("\"currentTime\""), "JSON body: {body}");
     assert!(!nat(&t.node_ns).contains("198.19.9.1"), "nothing was written while restores fail");
 
@@ -685,7 +654,7 @@ async fn api_server_down_then_back_loses_nothing() {
             let now = t.actual();
             if now != before {
                 let text: String =
-                    FAMILIES.into_iter().map(|f| format!("{f}:\n{}", diff(&before[&f], &now[&f]))).collect();
+                    FAMILIES.into_iter().map(|f| format!("{f}:\n{}", line_diff(&before[&f], &now[&f]))).collect();
                 panic!(
                     "round {round}: rules changed while the API server was down (- before, + now):\n{text}\n{}",
                     t.log()

@@ -29,6 +29,7 @@ use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfa
 use crate::require_root;
 use crate::support::fixtures::{ep, slice, svc};
 use crate::support::netns::Netns;
+use crate::support::{canonical_rules, line_diff};
 
 const BACKENDS: [Backend; 2] = [Backend::Nft, Backend::Legacy];
 const NODE_NAME: &str = "test-node";
@@ -39,22 +40,8 @@ fn save(ipt: &dyn Iptables, table: Table) -> String {
     String::from_utf8(buf).expect("utf-8")
 }
 
-/// filter and nat of a save, each table's chains sorted by name (nft lists them in creation
-/// order, legacy alphabetically), counters zeroed, comments dropped.
 fn canonical(ipt: &dyn Iptables) -> String {
-    let mut out = String::new();
-    for table in [Table::Filter, Table::Nat] {
-        let mut dump = Dump::parse(&save(ipt, table)).expect("save output parses");
-        for t in &mut dump.tables {
-            t.chains.sort_by(|a, b| a.name.cmp(&b.name));
-            for c in &mut t.chains {
-                c.packets = 0;
-                c.bytes = 0;
-            }
-        }
-        out.push_str(&dump.to_string());
-    }
-    out
+    canonical_rules(ipt, &[])
 }
 
 /// Chain name to rule lines, for one table.
@@ -64,20 +51,9 @@ fn chain_rules(ipt: &dyn Iptables, table: Table) -> BTreeMap<String, Vec<String>
 }
 
 fn assert_same_rules(expected: &str, actual: &str, what: &str) {
-    if expected == actual {
-        return;
+    if expected != actual {
+        panic!("{what}: kernel rules differ (- expected, + actual):\n{}", line_diff(expected, actual));
     }
-    let diff = similar::TextDiff::from_lines(expected, actual);
-    let mut text = String::new();
-    for change in diff.iter_all_changes() {
-        let sign = match change.tag() {
-            similar::ChangeTag::Delete => "-",
-            similar::ChangeTag::Insert => "+",
-            similar::ChangeTag::Equal => " ",
-        };
-        text.push_str(&format!("{sign}{change}"));
-    }
-    panic!("{what}: kernel rules differ (- expected, + actual):\n{text}");
 }
 
 #[test]

@@ -56,6 +56,11 @@ impl PodCidrGuard {
         PodCidrGuard { pod_cidrs: initial.to_vec() }
     }
 
+    /// A guard for the pod CIDRs of `node` (none when there is no Node).
+    pub fn for_node(node: Option<&Node>) -> Self {
+        PodCidrGuard { pod_cidrs: node.map(pod_cidrs).unwrap_or_default() }
+    }
+
     /// Takes a Node update (`None` = deleted); returns why the process must restart, if it must.
     pub fn on_node(&mut self, node: Option<&Node>) -> Option<String> {
         let Some(node) = node else {

@@ -25,7 +25,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::apiserver::ApiServer;
-use crate::support::e2e::{DaemonProcess, NODE_IP, TempDir, enter_netns, in_netns, ip, nat, topology, veth_names};
+use crate::support::e2e::{DaemonProcess, TempDir, daemon_args, enter_netns, in_netns, ip, nat, topology, veth_names};
 use crate::support::fixtures::node;
 use crate::support::netns::Netns;
 
@@ -173,17 +173,14 @@ impl Cluster {
 
     /// The daemon's flags: short sync periods, our cluster CIDR, servers inside node-a.
     pub fn daemon_args(&self) -> Vec<String> {
-        vec![
-            format!("--kubeconfig={}", self.dir.kubeconfig(&self.server).display()),
-            format!("--hostname-override={NODE_A}"),
+        let mut args = daemon_args(&self.dir.kubeconfig(&self.server), NODE_A);
+        args.extend([
             format!("--iptables-sync-period={}s", SYNC_PERIOD.as_secs()),
             "--iptables-min-sync-period=100ms".into(),
-            "--conntrack-max-per-core=0".into(),
             format!("--cluster-cidr={CLUSTER_CIDR}"),
-            format!("--healthz-bind-address={NODE_IP}:10256"),
-            "--metrics-bind-address=127.0.0.1:10249".into(),
             "-v=2".into(),
-        ]
+        ]);
+        args
     }
 
     /// (Re)starts the daemon in node-a, appending to its log.

@@ -102,6 +102,23 @@ pub async fn api_and_node_namespaces(tag: &str) -> (Netns, Netns) {
     (api_ns, node_ns)
 }
 
+/// Where the daemon's servers listen inside the node namespace.
+pub const HEALTHZ_ADDR: &str = "198.18.20.2:10256";
+pub const METRICS_ADDR: &str = "127.0.0.1:10249";
+
+/// The flags every end-to-end daemon runs with: the test API server's kubeconfig, the node's
+/// name, no conntrack table resizing (the namespace shares the host's), and the health and
+/// metrics servers inside the node namespace. Tests append their own.
+pub fn daemon_args(kubeconfig: &Path, hostname: &str) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--hostname-override={hostname}"),
+        "--conntrack-max-per-core=0".into(),
+        format!("--healthz-bind-address={HEALTHZ_ADDR}"),
+        format!("--metrics-bind-address={METRICS_ADDR}"),
+    ]
+}
+
 pub fn kubeconfig_text(server: &ApiServer) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \"{}\"}}\nusers:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\ncurrent-context: t\n",

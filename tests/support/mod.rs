@@ -17,9 +17,13 @@ pub fn assert_rules_eq(expected: &str, actual: &str) {
     if expected == actual {
         return;
     }
-    let diff = similar::TextDiff::from_lines(expected.as_str(), actual);
+    panic!("rules differ (- expected, + actual):\n{}\nfull actual:\n{actual}", line_diff(&expected, actual));
+}
+
+/// A line diff of two texts: `-` lines only in `expected`, `+` lines only in `actual`.
+pub fn line_diff(expected: &str, actual: &str) -> String {
     let mut out = String::new();
-    for change in diff.iter_all_changes() {
+    for change in similar::TextDiff::from_lines(expected, actual).iter_all_changes() {
         let sign = match change.tag() {
             similar::ChangeTag::Delete => "-",
             similar::ChangeTag::Insert => "+",
@@ -31,7 +35,31 @@ pub fn assert_rules_eq(expected: &str, actual: &str) {
             out.push('\n');
         }
     }
-    panic!("rules differ (- expected, + actual):\n{out}\nfull actual:\n{actual}");
+    out
+}
+
+/// The filter and nat tables of `ipt` as saved, in a form two kernels can be compared by:
+/// each table's chains sorted by name (nft lists them in creation order, legacy
+/// alphabetically), counters zeroed, comments dropped, and the chains in `leave_out` removed.
+pub fn canonical_rules(ipt: &dyn kube_proxy_rs::iptables::Iptables, leave_out: &[&str]) -> String {
+    use kube_proxy_rs::iptables::Table;
+    use kube_proxy_rs::iptables::dump::Dump;
+    let mut out = String::new();
+    for table in [Table::Filter, Table::Nat] {
+        let mut buf = Vec::new();
+        ipt.save_into(table, &mut buf).expect("save");
+        let mut dump = Dump::parse(&String::from_utf8(buf).expect("utf-8")).expect("save output parses");
+        for t in &mut dump.tables {
+            t.chains.retain(|c| !leave_out.contains(&c.name.as_str()));
+            t.chains.sort_by(|a, b| a.name.cmp(&b.name));
+            for c in &mut t.chains {
+                c.packets = 0;
+                c.bytes = 0;
+            }
+        }
+        out.push_str(&dump.to_string());
+    }
+    out
 }
 
 /// Strips the common leading whitespace of an indented multi-line literal and a leading
