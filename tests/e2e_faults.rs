@@ -499,7 +499,8 @@ fn raw_slice(ns: &str, service: &str, name: &str, address: &str, protocol: &str)
 
 /// Objects no valid API server would hold, served beside good ones: an invalid cluster IP, a
 /// port out of range, duplicate port names, an unknown protocol, a slice endpoint with an
-/// invalid address and a slice port with an unknown protocol. The daemon stays up, warns
+/// invalid address or one not in canonical form (`198.019.1.9`, `::ffff:198.19.1.10`, which
+/// iptables rejects) and a slice port with an unknown protocol. The daemon stays up, warns
 /// naming each, programs every good service exactly as the API says, and once the bad
 /// objects are fixed or deleted matches the API exactly again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -523,15 +524,21 @@ async fn malformed_objects_are_skipped_with_warnings() {
     t.server.create(&svc("ns5", "good").cluster_ip("198.18.100.24").tcp("http", 80).build());
     t.server.create(&slice("ns5", "good", "good-1").tcp("http", 8080).ips(&["198.19.5.1"]).build());
     t.server.apply_raw(raw_slice("ns5", "good", "good-proto", "198.19.5.2", "FOO"));
-    // A second slice of web with an endpoint address that is not an IP.
+    // A second slice of web with an endpoint address that is not an IP, and two more whose
+    // addresses a 1.29-era API server accepts but iptables rejects (every restore of the
+    // family would fail, as it does with upstream 1.29).
     t.server.apply_raw(raw_slice("ns1", "web", "web-bad", "198.19.999.1", "TCP"));
+    t.server.apply_raw(raw_slice("ns1", "web", "web-zeros", "198.019.1.9", "TCP"));
+    t.server.apply_raw(raw_slice("ns1", "web", "web-mapped", "::ffff:198.19.1.10", "TCP"));
 
     t.wait_exact("with malformed objects").await;
     let n = nat(&t.node_ns);
     for good in ["198.19.5.1:8080", "198.19.1.1:8080", "198.19.2.1:8080", "198.19.4.1:8443"] {
         assert!(n.contains(&format!("--to-destination {good}")), "good endpoint {good} programmed:\n{n}");
     }
-    for bad in ["198.18.100.21", "198.18.100.22", "198.18.100.23", "198.19.999.1", "198.19.5.2"] {
+    for bad in
+        ["198.18.100.21", "198.18.100.22", "198.18.100.23", "198.19.999.1", "198.19.5.2", "198.19.1.9", "198.19.1.10"]
+    {
         assert!(!n.contains(bad), "{bad} of a malformed object must not be programmed:\n{n}");
     }
     let log = t.log();
@@ -545,6 +552,8 @@ async fn malformed_objects_are_skipped_with_warnings() {
         &["ns5/bad-proto", "FOO"],
         &["ns5/good", "\"good-proto\"", "FOO"],
         &["ns1/web", "\"web-bad\"", "198.19.999.1"],
+        &["ns1/web", "\"web-zeros\"", "198.019.1.9", "canonical"],
+        &["ns1/web", "\"web-mapped\"", "::ffff:198.19.1.10", "canonical"],
     ] {
         assert!(named(words), "no warning naming {words:?}:\n{}", warnings.join("\n"));
     }
@@ -557,8 +566,11 @@ async fn malformed_objects_are_skipped_with_warnings() {
     t.server.delete_named(Kind::Service, "ns5", "bad-proto");
     t.server.apply_raw(raw_slice("ns5", "good", "good-proto", "198.19.5.2", "TCP"));
     t.server.delete_named(Kind::EndpointSlice, "ns1", "web-bad");
+    t.server.apply_raw(raw_slice("ns1", "web", "web-zeros", "198.19.1.9", "TCP"));
+    t.server.delete_named(Kind::EndpointSlice, "ns1", "web-mapped");
     t.wait_exact("after the malformed objects were fixed").await;
     assert!(nat(&t.node_ns).contains("--to-destination 198.19.5.2:8080"), "the fixed slice port is programmed");
+    assert!(nat(&t.node_ns).contains("--to-destination 198.19.1.9:8080"), "the fixed slice address is programmed");
     let filter = t.node_ns.ok(&["iptables-nft-save", "-t", "filter"]);
     assert!(filter.contains("-d 198.18.100.20/32") && filter.contains("ns5/bad-ip:http has no endpoints"), "{filter}");
     t.assert_alive();

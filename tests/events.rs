@@ -32,12 +32,17 @@ const NODE: &str = "node-a";
 
 /// A daemon on fake iptables (both families when `dual_stack`) reporting to `events`.
 fn daemon(events: Arc<FakeEventRecorder>, dual_stack: bool) -> Daemon {
+    daemon_on(events, dual_stack, Arc::new(FakeIptables::new(IpFamily::V4)))
+}
+
+/// [`daemon`], with its IPv4 rules in `v4`.
+fn daemon_on(events: Arc<FakeEventRecorder>, dual_stack: bool, v4: Arc<FakeIptables>) -> Daemon {
     let mut settings = Settings::from_config(&KubeProxyConfiguration::default()).expect("default settings");
     settings.min_sync_period = Duration::from_millis(50);
     let v6 = Arc::new(FakeIptables::new(IpFamily::V6));
     v6.set_present(dual_stack);
     let deps = DaemonDeps {
-        iptables_v4: Some(Arc::new(FakeIptables::new(IpFamily::V4))),
+        iptables_v4: Some(v4),
         iptables_v6: Some(v6),
         sysctl: Arc::new(FakeSysctl::new()),
         interfaces: Arc::new(StaticInterfaces(Vec::new())),
@@ -192,6 +197,72 @@ fn an_endpoint_slice_without_a_service_is_warned_about_once() {
     fqdn.metadata.name = Some("fqdn".into());
     slices.handle(Event::Apply(fqdn), &set);
     assert_eq!(events.records().len(), 1);
+}
+
+/// Address spellings a 1.29-era API server accepts but iptables rejects or reads as octal are
+/// skipped: each one raises a Warning on its object, naming the field and what it means,
+/// while the rest of the object is still used.
+#[test]
+fn addresses_not_in_canonical_form_are_warned_about_on_their_objects() {
+    let events = Arc::new(FakeEventRecorder::new());
+    let v4 = Arc::new(FakeIptables::new(IpFamily::V4));
+    let d = daemon_on(events.clone(), true, v4.clone());
+    let set = d.proxier_set();
+    let mut services = ServiceEvents::with_events(events.clone());
+    let mut slices = SliceEvents::with_events(events.clone());
+    let lb = svc("ns1", "lb")
+        .type_("LoadBalancer")
+        .cluster_ips(&["172.30.0.5", "fd00:30::5"])
+        .tcp("http", 80)
+        .external_ips(&["010.1.1.1", "203.0.113.9"])
+        .lb_ingress(&["203.0.113.10", "::ffff:203.0.113.11"])
+        .source_ranges(&["203.0.113.0/24", "10.0.0.0/08", "fd00::/08"])
+        .build();
+    let web = slice("ns1", "lb", "lb-1").tcp("http", 8080).ips(&["10.0.1.5", "010.244.1.6", "10.244.1.09"]).build();
+    for e in [Event::Init, Event::InitApply(with_version(lb, "uid-lb", "1")), Event::InitDone] {
+        services.handle(e, &set);
+    }
+    for e in [Event::Init, Event::InitApply(with_version(web, "uid-web", "1")), Event::InitDone] {
+        slices.handle(e, &set);
+    }
+    sync_all(&d);
+    let notes: Vec<(String, String)> =
+        events.records().into_iter().map(|r| (r.regarding.name.unwrap_or_default(), r.note)).collect();
+    let expected = [
+        ("lb", "service ns1/lb: spec.externalIPs: \"010.1.1.1\" is not in canonical form (it means 10.1.1.1); skipped"),
+        (
+            "lb",
+            "service ns1/lb: status.loadBalancer.ingress: \"::ffff:203.0.113.11\" is not in canonical form (it means 203.0.113.11); skipped",
+        ),
+        (
+            "lb",
+            "service ns1/lb: spec.loadBalancerSourceRanges: \"10.0.0.0/08\" is not in canonical form (it means 10.0.0.0/8); skipped",
+        ),
+        (
+            "lb",
+            "service ns1/lb: spec.loadBalancerSourceRanges: \"fd00::/08\" is not in canonical form (it means fd00::/8); skipped",
+        ),
+        (
+            "lb-1",
+            "endpoint slice ns1/lb-1: endpoints[1].addresses[0]: \"010.244.1.6\" is not in canonical form (it means 10.244.1.6); endpoint skipped",
+        ),
+        (
+            "lb-1",
+            "endpoint slice ns1/lb-1: endpoints[2].addresses[0]: \"10.244.1.09\" is not in canonical form (it means 10.244.1.9); endpoint skipped",
+        ),
+    ];
+    let expected: Vec<(String, String)> = expected.iter().map(|(o, n)| ((*o).to_owned(), (*n).to_owned())).collect();
+    assert_eq!(notes, expected);
+    assert!(events.records().iter().all(|r| r.type_ == EventType::Warning));
+
+    // What remains is used: the canonical external IP, ingress IP, range and endpoint.
+    let nat = v4.save_all();
+    for present in ["-d 203.0.113.9 ", "-d 203.0.113.10 ", "-s 203.0.113.0/24", "10.0.1.5:8080"] {
+        assert!(nat.contains(present), "{present} missing:\n{nat}");
+    }
+    for absent in ["010.1.1.1", "8.1.1.1", "10.1.1.1", "203.0.113.11", "10.0.0.0", "244.1.6", "244.1.9"] {
+        assert!(!nat.contains(absent), "{absent} must not be programmed:\n{nat}");
+    }
 }
 
 /// A free port on loopback, held by the returned listener until it is dropped.

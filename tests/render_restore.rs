@@ -83,3 +83,164 @@ fn render_output_is_accepted_by_real_iptables_restore() {
         assert!(!saved.contains("--rcheck"), "{backend}: affinity rules should be gone after sync 3:\n{saved}");
     }
 }
+
+/// Every address spelling from the hardening findings that a 1.29-era API server accepts but
+/// iptables rejects (failing the whole payload) or reads as octal (widening a firewall).
+const HOSTILE_ADDRESSES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns1, name: lb}
+spec:
+  type: LoadBalancer
+  clusterIP: 172.30.0.5
+  clusterIPs: [172.30.0.5]
+  ipFamilies: [IPv4]
+  externalIPs: ["08.1.1.1", "010.1.1.1", "203.0.113.9"]
+  loadBalancerSourceRanges: ["10.0.0.0/008", "10.0.0.0/08", "::ffff:10.0.0.0/104", "10.64.0.0/010", "203.0.113.0/24"]
+  ports:
+  - {name: http, port: 80, protocol: TCP, nodePort: 30080}
+status:
+  loadBalancer:
+    ingress: [{ip: "010.1.1.2"}, {ip: "203.0.113.10"}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  namespace: ns1
+  name: closed
+  annotations: {service.beta.kubernetes.io/load-balancer-source-ranges: "192.168.0.0/016, ::ffff:203.0.113.0/120"}
+spec:
+  type: LoadBalancer
+  clusterIP: 172.30.0.6
+  clusterIPs: [172.30.0.6]
+  ipFamilies: [IPv4]
+  ports:
+  - {name: http, port: 80, protocol: TCP, nodePort: 30081}
+status:
+  loadBalancer:
+    ingress: [{ip: "203.0.113.20"}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns1, name: lb-1, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: ["010.244.1.5"]
+- addresses: ["10.244.1.09"]
+- addresses: ["::ffff:10.244.1.6"]
+- addresses: ["10.244.1.7"]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns1, name: closed-1, labels: {kubernetes.io/service-name: closed}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: ["10.244.1.8"]
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns1, name: v6}
+spec:
+  type: LoadBalancer
+  clusterIP: fd00:30::6
+  clusterIPs: [fd00:30::6]
+  ipFamilies: [IPv6]
+  externalIPs: ["FD00:99::1", "fd00:99::2"]
+  loadBalancerSourceRanges: ["fd00::/064"]
+  ports:
+  - {name: http, port: 80, protocol: TCP, nodePort: 30082}
+status:
+  loadBalancer:
+    ingress: [{ip: "fd00:ee::60"}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns1, name: v6-1, labels: {kubernetes.io/service-name: v6}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: ["FD00:10::5"]
+- addresses: ["::ffff:10.244.1.6"]
+- addresses: ["fd00:10::7"]
+"#;
+
+/// Renders [`HOSTILE_ADDRESSES`] for `family`: (stdout payload, stderr).
+fn render_hostile(family: &str) -> (String, String) {
+    let dir = std::env::temp_dir().join(format!("kpr-hostile-{family}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let file = dir.join("cluster.yaml");
+    std::fs::write(&file, HOSTILE_ADDRESSES).expect("write");
+    let out = Command::new(BIN)
+        .args(["render", "--hostname-override", "node-a", "--ip-family", family])
+        .arg(&file)
+        .output()
+        .expect("render");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let payload = syncs(&String::from_utf8_lossy(&out.stdout)).remove(0);
+    (payload, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Non-canonical addresses are skipped with a warning naming the object, everything else
+/// of the object is rendered, a firewall never opens up, and the payload is accepted by the
+/// real iptables-restore (nft and legacy) — with upstream 1.29 it is rejected as a whole.
+#[test]
+fn addresses_not_in_canonical_form_are_skipped_and_the_payload_restores() {
+    let (v4, warnings) = render_hostile("ipv4");
+    for bad in [
+        "08.1.1.1", "010.1.1", "8.1.1.1", "10.1.1.1", "10.1.1.2", "/008", "/08", "/010", "::ffff", "/016", "244.1.5",
+        "244.1.9", "244.1.6",
+    ] {
+        assert!(!v4.contains(bad), "{bad} must not be written:\n{v4}");
+    }
+    for good in ["-d 203.0.113.9 ", "-d 203.0.113.10 ", "-s 203.0.113.0/24", "10.244.1.7:8080", "10.244.1.8:8080"] {
+        assert!(v4.contains(good), "{good} missing:\n{v4}");
+    }
+    for named in [
+        "\"08.1.1.1\"",
+        "\"010.1.1.1\"",
+        "\"010.1.1.2\"",
+        "\"10.0.0.0/008\"",
+        "\"10.0.0.0/08\"",
+        "\"::ffff:10.0.0.0/104\"",
+        "\"10.64.0.0/010\"",
+        "\"192.168.0.0/016\"",
+        "\"::ffff:203.0.113.0/120\"",
+        "\"010.244.1.5\"",
+        "\"10.244.1.09\"",
+        "\"::ffff:10.244.1.6\"",
+    ] {
+        let line = warnings.lines().find(|l| l.contains(named));
+        assert!(line.is_some_and(|l| l.contains("ns1/")), "no warning naming {named} and its object:\n{warnings}");
+    }
+    // `closed` lists only ranges that are not canonical: its firewall stays and lets nothing
+    // through (the octal reading would have opened it to a /14 and a /24).
+    let fw: Vec<&str> = v4.lines().filter(|l| l.starts_with("-A KUBE-FW-") && l.contains("ns1/closed:http")).collect();
+    assert_eq!(fw.len(), 1, "{v4}");
+    assert!(fw[0].contains("other traffic to ns1/closed:http will be dropped"), "{fw:?}");
+    assert!(v4.contains("ns1/closed:http traffic not accepted by KUBE-FW-"), "{v4}");
+
+    let (v6, warnings) = render_hostile("ipv6");
+    // IPv6 text means the same to ip6tables in any spelling: written as given, as 1.29 does.
+    for good in ["-d FD00:99::1 ", "-d fd00:99::2 ", "[FD00:10::5]:8080", "[fd00:10::7]:8080"] {
+        assert!(v6.contains(good), "{good} missing:\n{v6}");
+    }
+    assert!(!v6.contains("/064") && !v6.contains("::ffff") && !v6.contains("-s fd00::"), "{v6}");
+    for named in ["\"fd00::/064\"", "\"::ffff:10.244.1.6\""] {
+        assert!(warnings.contains(named), "no warning naming {named}:\n{warnings}");
+    }
+    assert!(v6.contains("other traffic to ns1/v6:http will be dropped"), "the IPv6 firewall stays:\n{v6}");
+
+    require_root!();
+    for backend in ["nft", "legacy"] {
+        let ns = Netns::create(&format!("hostile-{backend}"));
+        for (tool, payload) in [("iptables", &v4), ("ip6tables", &v6)] {
+            let out = ns.run_with_stdin(&[&format!("{tool}-{backend}-restore"), "--noflush"], payload);
+            assert!(out.success(), "{tool}-{backend}: payload rejected: {}\n{payload}", out.combined());
+        }
+        let saved = ns.ok(&[&format!("iptables-{backend}-save"), "-t", "nat"]);
+        assert!(!saved.contains("8.1.1.1") && !saved.contains("10.0.0.0/8"), "{backend}: octal reading:\n{saved}");
+    }
+}

@@ -9,8 +9,9 @@
 //! watch or a 410 Gone loses nothing.
 //!
 //! Given an event recorder ([`ServiceEvents::with_events`], [`SliceEvents::with_events`]), a
-//! Service or EndpointSlice skipped as invalid gets a Warning event, once per problem and
-//! object version (see [`InvalidObjectReporter`]); syncs never raise these.
+//! Service or EndpointSlice skipped as invalid, or with addresses skipped because their text
+//! cannot be written into rules, gets a Warning event, once per problem and object version
+//! (see [`InvalidObjectReporter`]); syncs never raise these.
 
 pub mod objects;
 pub mod pod_cidr;
@@ -28,12 +29,12 @@ use kube::runtime::watcher::Event;
 use crate::events::{
     EventRecorder, InvalidObjectReporter, REASON_INVALID_ENDPOINT_SLICE, REASON_INVALID_SERVICE, object_version,
 };
-use crate::model::NamespacedName;
+use crate::model::{NamespacedName, skipped_addresses};
 use crate::proxier::Proxier;
 use crate::runner::RunnerHandle;
 use crate::sync_loop::{SharedProxier, lock};
 use crate::tracker::LABEL_SERVICE_NAME;
-use crate::tracker::endpoint_slice_cache::endpoint_slice_keys;
+use crate::tracker::endpoint_slice_cache::{endpoint_slice_keys, skipped_endpoint_addresses};
 
 /// Label excluding a Service (and its slices) from this proxy.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -157,7 +158,8 @@ impl ServiceEvents {
                 self.known.insert(name.clone());
                 proxiers.each(|p| p.on_service_state(name.clone(), Some(&svc)));
                 if let Some(reporter) = self.invalid.as_mut() {
-                    let problems = proxiers.invalid_service(&name);
+                    let mut problems = proxiers.invalid_service(&name);
+                    problems.extend(skipped_addresses(&svc));
                     reporter.observe(&name, &object_version(&svc.metadata), &problems, &svc.object_ref(&()));
                 }
             }
@@ -283,14 +285,14 @@ impl SliceEvents {
     }
 }
 
-/// Why the proxiers skip `slice` as a whole (FQDN slices are not for proxies at all, so they
+/// Why the proxiers skip `slice` as a whole, or some of its endpoints (FQDN slices are not for proxies at all, so they
 /// are never invalid here).
 fn slice_problems(slice: &EndpointSlice) -> Vec<String> {
     if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
         return Vec::new();
     }
     match endpoint_slice_keys(slice) {
-        Ok(_) => Vec::new(),
+        Ok(_) => skipped_endpoint_addresses(slice),
         Err(err) => vec![err.to_string()],
     }
 }

@@ -1,5 +1,15 @@
 //! Address and CIDR parsing with the leniency Kubernetes uses (`netutils.ParseIPSloppy`:
 //! IPv4 octets may carry leading zeros) and Go's canonical text form on output.
+//!
+//! Text that reaches iptables or conntrack must mean to them what it means to Kubernetes. API
+//! servers of the 1.29 era accept `010.244.1.6`, `::ffff:10.244.1.5` or `10.0.0.0/08`, which
+//! iptables either rejects (failing the whole restore payload) or reads as octal (`010.1.1.1`
+//! is 8.1.1.1 there, a `/010` prefix is /8: masks are parsed with `strtoul(…, 0)`).
+//! [`parse_canonical_ip`] and [`Cidr::parse_canonical`] accept only canonical text: IPv4
+//! exactly as Go prints it, prefixes in plain decimal. IPv6 text may be spelled any RFC 4291
+//! way (upper case, uncompressed): ip6tables and conntrack read every such spelling as
+//! Kubernetes does, and 1.29 writes it as given, so it stays as upstream writes it; only the
+//! IPv4-mapped forms, which are IPv4 to Kubernetes, are refused.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -43,6 +53,27 @@ fn parse_ipv4_leading_zeros(s: &str) -> Option<Ipv4Addr> {
     Some(Ipv4Addr::from(octets))
 }
 
+/// Why an address or CIDR text cannot be written into rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddressTextError {
+    #[error("{text:?} is not an IP address")]
+    Invalid { text: String },
+    #[error("{text:?} is not in canonical form (it means {canonical})")]
+    NotCanonical { text: String, canonical: String },
+}
+
+/// Parses `text` as an address and requires text iptables reads as Kubernetes does: an IPv4
+/// address (IPv4-mapped ones included) spelled as [`format_ip`] writes it (no leading zeros,
+/// a dotted quad), an IPv6 address in any RFC 4291 spelling.
+pub fn parse_canonical_ip(text: &str) -> Result<IpAddr, AddressTextError> {
+    let ip = parse_ip_sloppy(text).ok_or_else(|| AddressTextError::Invalid { text: text.to_owned() })?;
+    let canonical = format_ip(&ip);
+    if ip.is_ipv4() && canonical != text {
+        return Err(AddressTextError::NotCanonical { text: text.to_owned(), canonical });
+    }
+    Ok(ip)
+}
+
 /// Formats an address as Go's `net.IP.String()` does (RFC 5952 for IPv6, dotted quad for
 /// IPv4 and IPv4-mapped addresses).
 pub fn format_ip(ip: &IpAddr) -> String {
@@ -77,6 +108,36 @@ impl Cidr {
             Err(_) => IpAddr::V4(parse_ipv4_leading_zeros(addr)?),
         };
         Cidr::new(ip, prefix)
+    }
+
+    /// Parses `addr/prefix` and requires both parts to be spelled canonically: the address as
+    /// [`parse_canonical_ip`] does, the prefix in decimal without leading zeros. Host bits may
+    /// be set (iptables masks them, as the API allows); only the spelling is checked. An
+    /// IPv4-mapped IPv6 network is IPv4 to Kubernetes but keeps an IPv6 prefix length, which
+    /// iptables rejects: it is never canonical.
+    pub fn parse_canonical(text: &str) -> Result<Cidr, AddressTextError> {
+        let cidr = Cidr::parse_sloppy(text).ok_or_else(|| AddressTextError::Invalid { text: text.to_owned() })?;
+        let (addr, prefix) = text.split_once('/').unwrap_or((text, ""));
+        let addr_canonical = match addr.parse::<IpAddr>() {
+            Ok(IpAddr::V4(v4)) => v4.to_string() == addr,
+            Ok(IpAddr::V6(v6)) => v6.to_ipv4_mapped().is_none(),
+            Err(_) => false,
+        };
+        if !addr_canonical || prefix != cidr.prefix.to_string() {
+            return Err(AddressTextError::NotCanonical { text: text.to_owned(), canonical: cidr.meaning() });
+        }
+        Ok(cidr)
+    }
+
+    /// The network as Kubernetes reads it, canonically spelled (a mapped IPv6 network with a
+    /// prefix of at least 96 is the IPv4 network it maps).
+    fn meaning(&self) -> String {
+        match self.addr {
+            IpAddr::V6(v6) if self.prefix >= 96 && v6.to_ipv4_mapped().is_some() => {
+                format!("{}/{}", format_ip(&self.addr), self.prefix - 96)
+            }
+            _ => self.to_string(),
+        }
     }
 
     /// A network from an address and prefix; `None` if the prefix is too long for the family.
@@ -176,5 +237,62 @@ mod tests {
         assert!(Cidr::parse_sloppy("10.0.0.0/33").is_none());
         assert!(Cidr::parse_sloppy("10.0.0.0").is_none());
         assert!(Cidr::parse_sloppy("10.0.0.0/").is_none());
+    }
+
+    fn not_canonical(text: &str, canonical: &str) -> AddressTextError {
+        AddressTextError::NotCanonical { text: text.into(), canonical: canonical.into() }
+    }
+
+    #[test]
+    fn canonical_ips_only() {
+        for ok in ["10.244.1.6", "0.0.0.0", "203.0.113.255", "fd00::1", "::", "::1", "2001:db8::ffff:0:1", "::102:304"]
+        {
+            assert_eq!(parse_canonical_ip(ok).map(|ip| format_ip(&ip)), Ok(ok.to_owned()), "{ok}");
+        }
+        // ip6tables and conntrack read every RFC 4291 spelling as Kubernetes does (and 1.29
+        // writes it as given).
+        for (ok, meaning) in [("FD00::1", "fd00::1"), ("fd00:0:0:0:0:0:0:1", "fd00::1"), ("fd00::0001", "fd00::1")] {
+            assert_eq!(parse_canonical_ip(ok).map(|ip| format_ip(&ip)), Ok(meaning.to_owned()), "{ok}");
+        }
+        // Each of these is a valid address to Kubernetes' sloppy parser, and each is rejected
+        // (or misread as octal) by iptables or conntrack.
+        for (text, canonical) in [
+            ("010.244.1.6", "10.244.1.6"),
+            ("10.244.1.09", "10.244.1.9"),
+            ("08.1.1.1", "8.1.1.1"),
+            ("::ffff:10.244.1.5", "10.244.1.5"),
+            ("::FFFF:10.244.1.5", "10.244.1.5"),
+            ("0:0:0:0:0:ffff:0a00:0001", "10.0.0.1"),
+        ] {
+            assert_eq!(parse_canonical_ip(text), Err(not_canonical(text, canonical)), "{text}");
+        }
+        for bad in ["", " 10.0.0.1", "10.0.0.1 ", "10.0.0", "1.2.3.4.5", "256.0.0.1", "fd00::1%eth0", "x"] {
+            assert_eq!(parse_canonical_ip(bad), Err(AddressTextError::Invalid { text: bad.into() }), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn canonical_cidrs_only() {
+        for ok in ["10.0.0.0/8", "0.0.0.0/0", "203.0.113.7/32", "fd00::/8", "::/0", "fd00::1/128", "FD00:0::/8"] {
+            assert!(Cidr::parse_canonical(ok).is_ok(), "{ok}");
+        }
+        // Host bits are the API's business, not a spelling problem: iptables masks them.
+        assert_eq!(Cidr::parse_canonical("10.0.0.1/8").map(|c| c.to_string()), Ok("10.0.0.0/8".to_owned()));
+        for (text, canonical) in [
+            ("10.0.0.0/008", "10.0.0.0/8"),
+            ("10.0.0.0/08", "10.0.0.0/8"),
+            ("10.64.0.0/010", "10.64.0.0/10"),
+            ("192.168.0.0/016", "192.168.0.0/16"),
+            ("010.0.0.0/8", "10.0.0.0/8"),
+            ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+            ("::ffff:203.0.113.0/120", "203.0.113.0/24"),
+            // strtoul(…, 0) reads 064 as octal 52.
+            ("fd00::/064", "fd00::/64"),
+        ] {
+            assert_eq!(Cidr::parse_canonical(text), Err(not_canonical(text, canonical)), "{text}");
+        }
+        for bad in ["10.0.0.0", "10.0.0.0/33", "10.0.0.0/", "/8", "10.0.0.0/-1", "10.0.0.0/+8"] {
+            assert_eq!(Cidr::parse_canonical(bad), Err(AddressTextError::Invalid { text: bad.into() }), "{bad}");
+        }
     }
 }

@@ -9,4 +9,4 @@ pub mod service;
 pub use endpoint::{EndpointInfo, EndpointRef};
 pub use ip::Cidr;
 pub use names::{IpFamily, NamespacedName, Protocol, ServicePortName};
-pub use service::{InvalidService, ServicePortInfo, ServicePortRef, SourceRange, service_ports};
+pub use service::{InvalidService, ServicePortInfo, ServicePortRef, SourceRange, service_ports, skipped_addresses};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
-use super::ip::{self, Cidr};
+use super::ip::{self, AddressTextError, Cidr};
 use super::names::{IpFamily, NamespacedName, Protocol, ServicePortName};
 use crate::proxier::chains::ServiceChainNames;
 
@@ -44,8 +44,9 @@ pub struct SourceRange {
 ///
 /// Every address is validated when the port is built. The cluster IP is in Go's canonical
 /// text form (1.29 holds it as a `net.IP`); external IPs, load-balancer IPs and source
-/// ranges are kept exactly as written in the object, because 1.29 holds them as strings
-/// and writes them into rules verbatim.
+/// ranges are kept as written in the object, because 1.29 holds them as strings and writes
+/// them into rules verbatim, but only when that text is canonical: other spellings are
+/// skipped (see [`ip::parse_canonical_ip`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServicePortInfo {
     pub name: ServicePortName,
@@ -61,6 +62,9 @@ pub struct ServicePortInfo {
     /// Load-balancer ingress IPs of this family, as written in the status.
     pub load_balancer_ips: Vec<String>,
     pub load_balancer_source_ranges: Vec<SourceRange>,
+    /// Whether source ranges of this family were given but skipped as not canonical: the
+    /// firewall then stays (allowing only what remains), it never opens up.
+    pub source_ranges_skipped: bool,
     /// `Some(seconds)` when session affinity is ClientIP.
     pub sticky_seconds: Option<i32>,
     pub external_policy_local: bool,
@@ -78,6 +82,12 @@ impl ServicePortInfo {
     /// Whether NodePort, external IP or load-balancer traffic can reach this port.
     pub fn externally_accessible(&self) -> bool {
         self.node_port != 0 || !self.load_balancer_ips.is_empty() || !self.external_ips.is_empty()
+    }
+
+    /// Whether load-balancer traffic is filtered by source (a KUBE-FW- chain): source ranges
+    /// were given for this family, even if every one was skipped as not canonical.
+    pub fn filters_load_balancer_sources(&self) -> bool {
+        !self.load_balancer_source_ranges.is_empty() || self.source_ranges_skipped
     }
 
     /// Whether any traffic to this port uses the "Cluster" endpoint set.
@@ -180,6 +190,7 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePortI
             external_ips: shared.external_ips.clone(),
             load_balancer_ips: shared.load_balancer_ips.clone(),
             load_balancer_source_ranges: shared.source_ranges.clone(),
+            source_ranges_skipped: shared.source_ranges_skipped,
             sticky_seconds: shared.sticky_seconds,
             external_policy_local: shared.external_policy_local,
             internal_policy_local: shared.internal_policy_local,
@@ -223,6 +234,7 @@ struct SharedFields {
     external_ips: Vec<String>,
     load_balancer_ips: Vec<String>,
     source_ranges: Vec<SourceRange>,
+    source_ranges_skipped: bool,
     sticky_seconds: Option<i32>,
     external_policy_local: bool,
     internal_policy_local: bool,
@@ -289,24 +301,14 @@ impl SharedFields {
             ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()).filter(|s| !s.is_empty()),
             family,
         );
-        let spec_ranges = spec.load_balancer_source_ranges.as_deref().unwrap_or_default();
-        let source_ranges = if spec_ranges.is_empty() {
-            let annotation = svc
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES))
-                .map(String::as_str)
-                .unwrap_or("");
-            source_ranges_of_family(service, annotation.split(',').map(str::trim).filter(|s| !s.is_empty()), family)
-        } else {
-            source_ranges_of_family(service, spec_ranges.iter().map(|s| s.trim()), family)
-        };
+        let (source_ranges, source_ranges_skipped) =
+            source_ranges_of_family(service, source_range_texts(svc, spec), family);
 
         Ok(SharedFields {
             external_ips,
             load_balancer_ips,
             source_ranges,
+            source_ranges_skipped,
             sticky_seconds,
             external_policy_local,
             internal_policy_local,
@@ -318,7 +320,8 @@ impl SharedFields {
 
 /// The addresses of `family` among `texts`, kept as written: 1.29 stores these as strings
 /// and writes them into rules verbatim. Unparseable entries are dropped (upstream
-/// `MapIPsByIPFamily` logs and skips them; blank ones silently).
+/// `MapIPsByIPFamily` logs and skips them; blank ones silently), and so are entries not
+/// spelled canonically, which iptables would reject or misread.
 fn addresses_of_family<'a>(
     service: &NamespacedName,
     field: &'static str,
@@ -327,10 +330,15 @@ fn addresses_of_family<'a>(
 ) -> Vec<String> {
     let mut out = Vec::new();
     for text in texts {
-        match ip::parse_ip_sloppy(text) {
-            Some(addr) if IpFamily::of(&addr) == family => out.push(text.to_owned()),
-            Some(_) => {}
-            None => {
+        match ip::parse_canonical_ip(text) {
+            Ok(addr) if IpFamily::of(&addr) == family => out.push(text.to_owned()),
+            Ok(_) => {}
+            Err(AddressTextError::NotCanonical { canonical, .. }) => {
+                if ip::parse_ip_sloppy(text).is_some_and(|addr| IpFamily::of(&addr) == family) {
+                    tracing::warn!(%service, field, ip = text, canonical, "skipping IP not in canonical form");
+                }
+            }
+            Err(AddressTextError::Invalid { .. }) => {
                 if !text.trim().is_empty() {
                     tracing::warn!(%service, field, ip = text, "skipping invalid IP");
                 }
@@ -340,25 +348,96 @@ fn addresses_of_family<'a>(
     out
 }
 
+/// The source-range texts in force, trimmed: `spec.loadBalancerSourceRanges`, or when that is
+/// empty the [`ANNOTATION_LOAD_BALANCER_SOURCE_RANGES`] annotation (blank entries dropped).
+fn source_range_texts<'a>(svc: &'a Service, spec: &'a ServiceSpec) -> Box<dyn Iterator<Item = &'a str> + 'a> {
+    let spec_ranges = spec.load_balancer_source_ranges.as_deref().unwrap_or_default();
+    if spec_ranges.is_empty() {
+        let annotation = svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES))
+            .map(String::as_str)
+            .unwrap_or("");
+        Box::new(annotation.split(',').map(str::trim).filter(|s| !s.is_empty()))
+    } else {
+        Box::new(spec_ranges.iter().map(|s| s.trim()))
+    }
+}
+
 /// The source ranges of `family` among the (already trimmed) `texts`, kept as written
-/// (1.29 writes the text after `-s`), with the parsed network alongside. Unparseable
-/// entries are dropped with a warning, like upstream `MapCIDRsByIPFamily`. As in Go, the
-/// family is that of the network address, so an IPv4-mapped IPv6 range counts as IPv4.
+/// (1.29 writes the text after `-s`), with the parsed network alongside, and whether any
+/// range of `family` was skipped as not canonical. Unparseable entries are dropped with a
+/// warning, like upstream `MapCIDRsByIPFamily`. As in Go, the family is that of the network
+/// address, so an IPv4-mapped IPv6 range counts as IPv4.
 fn source_ranges_of_family<'a>(
     service: &NamespacedName,
     texts: impl Iterator<Item = &'a str>,
     family: IpFamily,
-) -> Vec<SourceRange> {
+) -> (Vec<SourceRange>, bool) {
     let mut out = Vec::new();
+    let mut skipped = false;
     for text in texts {
-        match Cidr::parse_sloppy(text) {
-            Some(cidr) if IpFamily::of(&cidr.network()) == family => {
+        match Cidr::parse_canonical(text) {
+            Ok(cidr) if IpFamily::of(&cidr.network()) == family => {
                 out.push(SourceRange { text: text.to_owned(), cidr: Some(cidr) })
             }
-            Some(_) => {}
-            None => {
+            Ok(_) => {}
+            Err(AddressTextError::NotCanonical { canonical, .. }) => {
+                if Cidr::parse_sloppy(text).is_some_and(|cidr| IpFamily::of(&cidr.network()) == family) {
+                    skipped = true;
+                    tracing::warn!(
+                        %service,
+                        cidr = text,
+                        canonical,
+                        "skipping loadBalancerSourceRanges entry not in canonical form; the firewall stays"
+                    );
+                }
+            }
+            Err(AddressTextError::Invalid { .. }) => {
                 tracing::warn!(%service, cidr = text, "skipping invalid loadBalancerSourceRanges entry")
             }
+        }
+    }
+    (out, skipped)
+}
+
+/// Every address of `svc` that is skipped because its text cannot be written into rules
+/// (invalid, or not in canonical form), whatever its family: one line per entry, naming the
+/// Service and the field, for the Warning events the watch side raises.
+pub fn skipped_addresses(svc: &Service) -> Vec<String> {
+    let Some(spec) = svc.spec.as_ref() else {
+        return Vec::new();
+    };
+    if should_skip(spec) {
+        return Vec::new();
+    }
+    let service = NamespacedName::new(
+        svc.metadata.namespace.clone().unwrap_or_default(),
+        svc.metadata.name.clone().unwrap_or_default(),
+    );
+    let mut out = Vec::new();
+    let mut note = |field: &str, err: AddressTextError| out.push(format!("service {service}: {field}: {err}; skipped"));
+    for text in spec.external_ips.iter().flatten().filter(|t| !t.trim().is_empty()) {
+        if let Err(err) = ip::parse_canonical_ip(text) {
+            note("spec.externalIPs", err);
+        }
+    }
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    for text in ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()).filter(|t| !t.trim().is_empty()) {
+        if let Err(err) = ip::parse_canonical_ip(text) {
+            note("status.loadBalancer.ingress", err);
+        }
+    }
+    let ranges_field = if spec.load_balancer_source_ranges.as_deref().unwrap_or_default().is_empty() {
+        ANNOTATION_LOAD_BALANCER_SOURCE_RANGES
+    } else {
+        "spec.loadBalancerSourceRanges"
+    };
+    for text in source_range_texts(svc, spec) {
+        if let Err(err) = Cidr::parse_canonical(text) {
+            note(ranges_field, err);
         }
     }
     out
@@ -480,29 +559,75 @@ mod tests {
             .cluster_ips(&[("2001:DB8::10", "IPv6")])
             .port("p", "TCP", 80)
             .external_ips(&["2001:0db8:0:0::1"])
-            .ingress_ips(&["2001:db8:0::2"])
+            .ingress_ips(&["2001:DB8:0::2"])
             .source_ranges(&["2001:db8::1/64"])
             .build();
         let p = &ports(&svc, IpFamily::V6)[0];
         // ClusterIP is a net.IP in 1.29 (printed canonically); the rest are strings.
         assert_eq!(p.cluster_ip, "2001:db8::10");
         assert_eq!(p.external_ips, ["2001:0db8:0:0::1"]);
-        assert_eq!(p.load_balancer_ips, ["2001:db8:0::2"]);
+        assert_eq!(p.load_balancer_ips, ["2001:DB8:0::2"]);
         assert_eq!(ranges(p), ["2001:db8::1/64"]);
         // The parsed network (host bits masked) decides whether the node is allowed.
         let cidr = p.load_balancer_source_ranges[0].cidr.expect("parsed");
         assert_eq!(cidr.to_string(), "2001:db8::/64");
+        assert!(skipped_addresses(&svc).is_empty());
+    }
+
+    /// Spellings that parse but are not canonical never reach rules: iptables rejects
+    /// `::ffff:1.2.3.4` and `08.1.1.1` and reads `010.1.1.1` as 8.1.1.1.
+    #[test]
+    fn addresses_not_in_canonical_form_are_skipped() {
+        let svc = service("ns", "s")
+            .type_("LoadBalancer")
+            .cluster_ips(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
+            .port("p", "TCP", 80)
+            .external_ips(&["::ffff:1.2.3.4", "010.001.002.003", "08.1.1.1", "1.2.3.5", "2001:0db8::1", "2001:db8::9"])
+            .ingress_ips(&["010.1.1.2", "1.1.1.2", "::FFFF:1.1.1.3"])
+            .source_ranges(&["10.0.0.0/08", "192.168.0.0/16", "2001:db8::/064"])
+            .build();
+        let v4 = &ports(&svc, IpFamily::V4)[0];
+        assert_eq!(v4.external_ips, ["1.2.3.5"]);
+        assert_eq!(v4.load_balancer_ips, ["1.1.1.2"]);
+        assert_eq!(ranges(v4), ["192.168.0.0/16"]);
+        assert!(v4.source_ranges_skipped && v4.filters_load_balancer_sources());
+        let v6 = &ports(&svc, IpFamily::V6)[0];
+        // IPv6 spellings mean the same to ip6tables: kept as written, as 1.29 does.
+        assert_eq!(v6.external_ips, ["2001:0db8::1", "2001:db8::9"]);
+        assert!(v6.load_balancer_ips.is_empty());
+        // Every IPv6 range was skipped: the firewall stays, closed, rather than opening up.
+        assert!(ranges(v6).is_empty());
+        assert!(v6.source_ranges_skipped && v6.filters_load_balancer_sources());
+        let skipped = skipped_addresses(&svc);
+        assert_eq!(skipped.len(), 7, "{skipped:#?}");
+        assert_eq!(
+            skipped[0],
+            "service ns/s: spec.externalIPs: \"::ffff:1.2.3.4\" is not in canonical form (it means 1.2.3.4); skipped"
+        );
+        assert_eq!(
+            skipped[6],
+            "service ns/s: spec.loadBalancerSourceRanges: \"2001:db8::/064\" is not in canonical form (it means 2001:db8::/64); skipped"
+        );
+        // Without source ranges there is no firewall to keep.
+        let open = service("ns", "o").type_("LoadBalancer").cluster_ip("10.0.0.1").port("p", "TCP", 80).build();
+        assert!(!ports(&open, IpFamily::V4)[0].filters_load_balancer_sources());
     }
 
     #[test]
-    fn ipv4_mapped_addresses_count_as_ipv4() {
-        let svc = service("ns", "s")
-            .type_("ClusterIP")
+    fn skipped_annotation_ranges_are_named_by_the_annotation() {
+        let svc = service("ns", "a")
+            .type_("LoadBalancer")
             .cluster_ip("10.0.0.1")
             .port("p", "TCP", 80)
-            .external_ips(&["::ffff:1.2.3.4", "010.001.002.003"])
+            .annotation(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES, "192.168.0.0/016, 10.0.0.0/8")
             .build();
-        assert_eq!(ports(&svc, IpFamily::V4)[0].external_ips, ["::ffff:1.2.3.4", "010.001.002.003"]);
+        assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.0.0.0/8"]);
+        assert_eq!(
+            skipped_addresses(&svc),
+            [format!(
+                "service ns/a: {ANNOTATION_LOAD_BALANCER_SOURCE_RANGES}: \"192.168.0.0/016\" is not in canonical form (it means 192.168.0.0/16); skipped"
+            )]
+        );
     }
 
     // Upstream: "service with extra space in LoadBalancerSourceRanges".

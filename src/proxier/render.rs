@@ -382,7 +382,7 @@ impl<'a> Renderer<'a> {
         let uses_external_chain = cat.has_any_endpoints && svc.externally_accessible();
         let fw_chain = svc.chains.firewall.as_str();
         let uses_fw_chain =
-            cat.has_any_endpoints && !svc.load_balancer_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty();
+            cat.has_any_endpoints && !svc.load_balancer_ips.is_empty() && svc.filters_load_balancer_sources();
         let lb_chain = if uses_fw_chain { fw_chain } else { external_chain };
 
         let (internal_target, internal_comment, external_target, external_comment);

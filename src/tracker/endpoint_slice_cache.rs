@@ -14,7 +14,7 @@ use std::sync::Arc;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
 use super::endpoints::EndpointsMap;
-use crate::model::ip::parse_ip_sloppy;
+use crate::model::ip::{AddressTextError, parse_canonical_ip};
 use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, Protocol, ServicePortName};
 
 /// The label naming the Service an EndpointSlice belongs to.
@@ -42,6 +42,27 @@ pub fn endpoint_slice_keys(slice: &EndpointSlice) -> Result<(NamespacedName, Str
         return Err(InvalidEndpointSlice::NoName { namespace, name });
     }
     Ok((NamespacedName::new(namespace, service_name.clone()), name))
+}
+
+/// Every endpoint of an IP slice skipped because its address cannot be written into rules
+/// (invalid, or not in canonical form, see [`parse_canonical_ip`]): one line per endpoint,
+/// naming the slice, for the Warning events the watch side raises. Family mismatches are
+/// not listed (the other family's proxier may use them).
+pub fn skipped_endpoint_addresses(slice: &EndpointSlice) -> Vec<String> {
+    if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+        return Vec::new();
+    }
+    let namespace = slice.metadata.namespace.as_deref().unwrap_or("");
+    let name = slice.metadata.name.as_deref().unwrap_or("");
+    let mut out = Vec::new();
+    for (index, ep) in slice.endpoints.iter().enumerate() {
+        if let Some(Err(err)) = ep.addresses.first().map(|a| parse_canonical_ip(a)) {
+            out.push(format!(
+                "endpoint slice {namespace}/{name}: endpoints[{index}].addresses[0]: {err}; endpoint skipped"
+            ));
+        }
+    }
+    out
 }
 
 /// What the proxier uses of one EndpointSlice: for each of its valid ports, in the slice's
@@ -182,8 +203,18 @@ impl EndpointSliceCache {
                     tracing::debug!(slice = slice_name, "ignoring endpoint with no address");
                     return None;
                 };
-                match parse_ip_sloppy(address) {
-                    Some(ip) if IpFamily::of(&ip) == self.family => Some((address.as_str(), ep)),
+                match parse_canonical_ip(address) {
+                    Ok(ip) if IpFamily::of(&ip) == self.family => Some((address.as_str(), ep)),
+                    Err(AddressTextError::NotCanonical { canonical, .. }) => {
+                        tracing::warn!(
+                            %service,
+                            slice = slice_name,
+                            address = address.as_str(),
+                            canonical,
+                            "ignoring endpoint address not in canonical form"
+                        );
+                        None
+                    }
                     _ => {
                         tracing::warn!(
                             %service,
@@ -214,7 +245,7 @@ impl EndpointSliceCache {
 
     fn endpoint(&self, service_port: &ServicePortName, address: &str, port: i32, ep: &Endpoint) -> EndpointInfo {
         // 1.29 writes the address as it appears in the slice, both in the endpoint string
-        // (DNAT target, chain hash) and in IP() (hairpin rule); it is only validated here.
+        // (DNAT target, chain hash) and in IP() (hairpin rule); only canonical text gets here.
         let mut info = EndpointInfo::new(service_port, address, port);
         info.is_local = !self.node_name.is_empty() && ep.node_name.as_deref() == Some(self.node_name.as_str());
         let conditions = ep.conditions.as_ref();
@@ -431,6 +462,34 @@ mod tests {
         assert_eq!(e.endpoint, "[FD00:0::1]:80");
         // 1.29's IP() is the address as written too, so hairpin and DNAT rules agree.
         assert_eq!(e.ip(), "FD00:0::1");
+    }
+
+    /// Spellings a 1.29-era API server accepts but iptables rejects (failing every restore)
+    /// or reads as octal: the endpoint is skipped, its neighbours keep their chain names.
+    #[test]
+    fn addresses_not_in_canonical_form_are_skipped() {
+        for (family, address_type, bad, good) in [
+            (IpFamily::V4, "IPv4", "010.244.1.6", "10.244.1.7"),
+            (IpFamily::V4, "IPv4", "10.244.1.09", "10.244.1.7"),
+            (IpFamily::V4, "IPv4", "::ffff:10.244.1.5", "10.244.1.7"),
+            (IpFamily::V4, "IPv4", "0:0:0:0:0:ffff:0a00:0001", "10.244.1.7"),
+        ] {
+            let mut cache = EndpointSliceCache::new(NODE, family);
+            let s = slice("ns1", "svc1", "s")
+                .address_type(address_type)
+                .port("p", 80, "TCP")
+                .endpoint(ep(bad))
+                .endpoint(ep(good))
+                .build();
+            let map = apply(&mut cache, &[(s, false)]);
+            let eps = &map[&spn("p", Protocol::Tcp)];
+            assert_eq!(eps.len(), 1, "{bad} skipped");
+            assert_eq!(eps[0].ip(), good);
+            let alone = slice("ns1", "svc1", "s").address_type(address_type).port("p", 80, "TCP").endpoint(ep(good));
+            let mut reference = EndpointSliceCache::new(NODE, family);
+            let expected = apply(&mut reference, &[(alone.build(), false)]);
+            assert_eq!(eps[0].chain_name(), expected[&spn("p", Protocol::Tcp)][0].chain_name());
+        }
     }
 
     #[test]
