@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use kube_proxy_rs::iptables::save::chains_from_table;
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
+use kube_proxy_rs::proxier::chains::NatChains;
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
 use kube_proxy_rs::proxier::render::{self, RenderConfig, RenderInput, RenderState};
@@ -113,7 +114,8 @@ fn main() {
     let mut state = RenderState::default();
     state.commit(&mut full);
     let full_bytes = full.payload.len();
-    let mut existing = chains_from_table(full.payload.split("*nat").nth(1).unwrap_or("").as_bytes());
+    let mut existing =
+        NatChains::from_names(chains_from_table(full.payload.split("*nat").nth(1).unwrap_or("").as_bytes()));
     drop(full);
 
     let mut times = Vec::new();
@@ -153,15 +155,8 @@ fn main() {
         times.push(t.elapsed());
         partial_bytes = r.payload.len();
         state.commit(&mut r);
-        // What the kernel holds now: previous chains plus new ones, minus deleted ones.
-        let nat = r.payload.split("*nat").nth(1).unwrap_or("");
-        for line in nat.lines() {
-            if let Some(name) = line.strip_prefix(':') {
-                existing.insert(name.split(' ').next().unwrap_or("").to_string());
-            } else if let Some(name) = line.strip_prefix("-X ") {
-                existing.remove(name);
-            }
-        }
+        // What the kernel holds now: the chains in use (stale ones were deleted).
+        existing = NatChains::from_keys(std::mem::take(&mut r.active_nat_chains));
     }
     println!();
     println!(

@@ -149,7 +149,12 @@ fn main() {
     let runner = IptablesRunner::new(
         kernel.clone(),
         family,
-        RunnerOptions { backend: Backend::Legacy, netns: None, command_timeout: Duration::from_secs(60) },
+        RunnerOptions {
+            backend: Backend::Legacy,
+            netns: None,
+            command_timeout: Duration::from_secs(60),
+            ..RunnerOptions::default()
+        },
     );
     let cfg = ProxierConfig {
         render: RenderConfig {
@@ -169,7 +174,9 @@ fn main() {
     let proxier = Arc::new(Mutex::new(Proxier::new(cfg, Arc::new(runner), Arc::new(StaticInterfaces(Vec::new())))));
     let sync_runner =
         BoundedFrequencyRunner::new("sync", Duration::ZERO, Duration::from_secs(3600), 2).expect("runner");
-    let set = ProxierSet::new(vec![(proxier.clone(), sync_runner.handle())]);
+    let handle = sync_runner.handle();
+    let recorder: Arc<dyn kube_proxy_rs::k8s::ChangeSink> = proxier.lock().expect("proxier").recorder();
+    let set = ProxierSet::new(vec![(recorder, Arc::new(move || handle.run()))]);
     report.phase("proxier created");
 
     let mut svc_events = ServiceEvents::default();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the system tools the tests use (iptables with both backends, iproute2, conntrack,
-# openssl for test certificates, unshare).
+# openssl for test certificates, unshare, nft for reading chain names on iptables-nft hosts).
 # Idempotent: does nothing when they are present. Needs root to install; without root it
 # only warns, and the tests that need root skip themselves.
 set -euo pipefail
@@ -11,6 +11,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
 if [ "${#need[@]}" -eq 0 ]; then
     exit 0
 fi

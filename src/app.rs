@@ -29,7 +29,12 @@ pub fn iptables_runners(exec: Arc<dyn Exec>) -> Vec<IptablesRunner> {
     [IpFamily::V4, IpFamily::V6]
         .into_iter()
         .map(|family| {
-            let options = RunnerOptions { backend: detection.backend, netns: None, command_timeout: COMMAND_TIMEOUT };
+            let options = RunnerOptions {
+                backend: detection.backend,
+                netns: None,
+                command_timeout: COMMAND_TIMEOUT,
+                ..RunnerOptions::default()
+            };
             IptablesRunner::new(exec.clone(), family, options)
         })
         .collect()

@@ -29,7 +29,7 @@ use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
-use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, SyncReport};
+use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, ServiceHealthState, SyncReport};
 use crate::sync_loop::{SharedProxier, SyncLoop, lock};
 use crate::sysctl::{
     ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, conntrack_tcp_be_liberal,
@@ -142,8 +142,9 @@ impl Daemon {
                 conntrack_tcp_liberal: tcp_liberal,
             };
             let cfg = ProxierConfig { render, hostname: hostname.clone(), sync_period: settings.sync_period };
-            let mut proxier =
-                Proxier::new(cfg, ipt.clone(), deps.interfaces.clone()).with_change_observer(metrics.clone());
+            let progress_health = health.clone();
+            let mut proxier = Proxier::with_recorder(cfg, ipt.clone(), deps.interfaces.clone(), Some(metrics.clone()))
+                .with_progress(Arc::new(move || progress_health.sync_progress(family)));
             if let Some(ct) = &deps.conntrack {
                 proxier = proxier.with_conntrack(ct.clone());
             }
@@ -168,8 +169,8 @@ impl Daemon {
         self.events.record(node_ref(&self.hostname), EventType::Normal, REASON_STARTING, ACTION_START, "");
     }
 
-    /// The proxiers as the watches feed them; asking for a sync also records a queued update
-    /// (health and metrics).
+    /// The proxiers' recorders as the watches feed them; asking for a sync also records a
+    /// queued update (health and metrics).
     pub fn proxier_set(&self) -> ProxierSet {
         let members = self
             .families
@@ -178,34 +179,43 @@ impl Daemon {
                 let health = self.health.clone();
                 let metrics = self.metrics.clone();
                 let family = f.family;
-                let queued: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                let handle = f.sync_loop.handle();
+                let request: crate::k8s::SyncRequest = Arc::new(move || {
                     health.queued_update(family);
                     metrics.sync_queued(SystemTime::now());
+                    handle.run();
                 });
-                (f.proxier.clone(), f.sync_loop.handle(), queued)
+                let sink: Arc<dyn crate::k8s::ChangeSink> = lock(&f.proxier).recorder();
+                (sink, request)
             })
             .collect();
-        ProxierSet::with_queued_hooks(members)
+        ProxierSet::new(members)
     }
 
     /// Runs the sync loops until `shutdown`; every sync is recorded in metrics and health,
-    /// and successful ones update the service health checks (when given).
+    /// and successful ones update the service health checks (when given) from every
+    /// family's last published state, so no loop ever waits for another family's sync.
     pub async fn run_loops(self, shutdown: CancellationToken, service_health: Option<Arc<ServiceHealthServer>>) {
-        let all: Vec<SharedProxier> = self.families.iter().map(|f| f.proxier.clone()).collect();
+        let published = Arc::new(std::sync::Mutex::new(BTreeMap::<IpFamily, ServiceHealthState>::new()));
         let mut tasks = Vec::new();
         for f in self.families {
             let health = self.health.clone();
             let metrics = self.metrics.clone();
             let service_health = service_health.clone();
             let events = self.events.clone();
-            let all = all.clone();
+            let published = published.clone();
             let family = f.family;
             let on_report = move |report: &SyncReport| {
                 metrics.record_sync(report, report.elapsed, SystemTime::now());
+                if report.result.is_err() {
+                    health.sync_failed(family);
+                }
                 if report.result.is_ok() {
                     health.updated(family);
-                    if let Some(sh) = &service_health {
-                        sync_service_health(sh, &all, events.as_ref());
+                    if let (Some(sh), Some(state)) = (&service_health, &report.service_health) {
+                        let mut all = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        all.insert(family, state.clone());
+                        sync_service_health(sh, all.values(), events.as_ref());
                     }
                 }
             };
@@ -220,18 +230,22 @@ impl Daemon {
 }
 
 /// Health-check node ports and local ready endpoints over all families (a dual-stack
-/// Service appears in both; a single-family one in its own). A port that cannot be opened
-/// is a Warning event on its Service (upstream `FailedToStartServiceHealthcheck`), raised
-/// again on every retry: the recorder folds the repeats into one Event's series.
-pub fn sync_service_health(server: &ServiceHealthServer, proxiers: &[SharedProxier], events: &dyn EventRecorder) {
+/// Service appears in both; a single-family one in its own), from each family's state as of
+/// its last successful sync. A port that cannot be opened is a Warning event on its Service
+/// (upstream `FailedToStartServiceHealthcheck`), raised again on every retry: the recorder
+/// folds the repeats into one Event's series.
+pub fn sync_service_health<'a>(
+    server: &ServiceHealthServer,
+    families: impl IntoIterator<Item = &'a ServiceHealthState>,
+    events: &dyn EventRecorder,
+) {
     let mut ports = BTreeMap::new();
     let mut local = BTreeMap::new();
-    for p in proxiers {
-        let p = lock(p);
-        ports.extend(p.services().health_check_node_ports());
-        for (svc, n) in p.endpoints().local_ready_endpoints() {
-            let e = local.entry(svc).or_insert(0);
-            *e = std::cmp::max(*e, n);
+    for state in families {
+        ports.extend(state.ports.iter().map(|(k, v)| (k.clone(), *v)));
+        for (svc, n) in &state.local_endpoints {
+            let e = local.entry(svc.clone()).or_insert(0);
+            *e = std::cmp::max(*e, *n);
         }
     }
     for err in server.sync_services(&ports) {

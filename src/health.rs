@@ -122,6 +122,9 @@ pub struct ProxierHealth {
     last_updated: BTreeMap<IpFamily, SystemTime>,
     /// Per family, when the oldest update not yet applied was queued.
     oldest_pending_queued: BTreeMap<IpFamily, SystemTime>,
+    /// Per family, when the sync in progress last showed progress (it finished one of the
+    /// transactions a large restore is split into).
+    last_progress: BTreeMap<IpFamily, SystemTime>,
     node_eligible: bool,
 }
 
@@ -132,6 +135,7 @@ impl ProxierHealth {
             health_timeout,
             last_updated: BTreeMap::new(),
             oldest_pending_queued: BTreeMap::new(),
+            last_progress: BTreeMap::new(),
             // Eligible while starting up, until a Node event says otherwise.
             node_eligible: true,
         }
@@ -147,9 +151,22 @@ impl ProxierHealth {
         self.oldest_pending_queued.entry(family).or_insert(now);
     }
 
+    /// The sync of `family` is making progress (it applied one step of a restore split
+    /// into several): a long sync that keeps moving is not late.
+    pub fn sync_progress(&mut self, family: IpFamily, now: SystemTime) {
+        self.last_progress.insert(family, now);
+    }
+
+    /// The sync of `family` failed: the steps it applied do not count as progress (a sync
+    /// that fails again and again is not alive because each attempt gets some way).
+    pub fn sync_failed(&mut self, family: IpFamily) {
+        self.last_progress.remove(&family);
+    }
+
     /// The proxier of `family` wrote rules reflecting everything queued so far.
     pub fn updated(&mut self, family: IpFamily, now: SystemTime) {
         self.oldest_pending_queued.remove(&family);
+        self.last_progress.remove(&family);
         self.last_updated.insert(family, now);
     }
 
@@ -164,8 +181,10 @@ impl ProxierHealth {
     }
 
     /// Healthy unless a family that has synced at least once has an update queued for
-    /// `health_timeout` or longer. A family that never synced is not judged (the sync loop
-    /// marks each family updated when it starts).
+    /// `health_timeout` or longer, with no sync progress in that time either (upstream
+    /// counts from the queueing alone; a sync that takes longer than the timeout but keeps
+    /// applying steps is alive, one stuck in a step is not). A family that never synced is
+    /// not judged (the sync loop marks each family updated when it starts).
     pub fn health(&self, now: SystemTime) -> Health {
         let mut last_updated: Option<SystemTime> = None;
         for (family, &family_updated) in &self.last_updated {
@@ -173,8 +192,9 @@ impl ProxierHealth {
             let Some(&queued) = self.oldest_pending_queued.get(family) else {
                 continue;
             };
+            let since = self.last_progress.get(family).map_or(queued, |&p| p.max(queued));
             // A clock that went backwards counts as no time passed.
-            let waiting = now.duration_since(queued).unwrap_or_default();
+            let waiting = now.duration_since(since).unwrap_or_default();
             if waiting >= self.health_timeout {
                 return Health { healthy: false, last_updated: Some(family_updated) };
             }
@@ -301,6 +321,17 @@ impl ProxierHealthServer {
     pub fn queued_update(&self, family: IpFamily) {
         let now = self.clock.now();
         self.with_state(|s| s.queued_update(family, now));
+    }
+
+    /// See [`ProxierHealth::sync_progress`].
+    pub fn sync_progress(&self, family: IpFamily) {
+        let now = self.clock.now();
+        self.with_state(|s| s.sync_progress(family, now));
+    }
+
+    /// See [`ProxierHealth::sync_failed`].
+    pub fn sync_failed(&self, family: IpFamily) {
+        self.with_state(|s| s.sync_failed(family));
     }
 
     /// See [`ProxierHealth::updated`].
@@ -492,6 +523,35 @@ mod tests {
         // A clock that went backwards is not "late".
         h.queued_update(IpFamily::V4, at(6_000));
         assert!(h.is_healthy(at(10)));
+    }
+
+    #[test]
+    fn a_sync_that_keeps_making_progress_is_not_late() {
+        let mut h = ProxierHealth::new(TIMEOUT);
+        h.updated(IpFamily::V4, at(1_000));
+        h.queued_update(IpFamily::V4, at(1_010));
+        // The sync starts and applies a step every 50 s: never TIMEOUT (60 s) without one.
+        for step in 0..10 {
+            h.sync_progress(IpFamily::V4, at(1_010 + step * 50));
+            assert!(h.is_healthy(at(1_010 + step * 50 + 59)), "step {step}");
+        }
+        // Then it stops moving: late TIMEOUT after its last step.
+        assert!(!h.is_healthy(at(1_460 + 60)));
+        // Progress from before the update was queued does not help it.
+        h.updated(IpFamily::V4, at(2_000));
+        h.sync_progress(IpFamily::V4, at(2_000));
+        h.queued_update(IpFamily::V4, at(2_100));
+        h.sync_progress(IpFamily::V4, at(2_050));
+        assert!(!h.is_healthy(at(2_160)));
+        // A failed sync's steps stop counting.
+        h.sync_progress(IpFamily::V4, at(2_150));
+        assert!(h.is_healthy(at(2_160)));
+        h.sync_failed(IpFamily::V4);
+        assert!(!h.is_healthy(at(2_160)));
+        // Finishing clears the progress: the next update is judged from its queueing.
+        h.updated(IpFamily::V4, at(2_200));
+        h.queued_update(IpFamily::V4, at(2_300));
+        assert!(!h.is_healthy(at(2_360)));
     }
 
     #[test]

@@ -346,7 +346,7 @@ impl Metrics {
     }
 }
 
-impl crate::proxier::ChangeObserver for Metrics {
+impl crate::tracker::ChangeObserver for Metrics {
     fn service_change(&self, pending: usize) {
         self.service_update_observed(pending);
     }
@@ -485,6 +485,7 @@ mod tests {
             result,
             elapsed: Duration::ZERO,
             retry_after: None,
+            service_health: None,
         }
     }
 

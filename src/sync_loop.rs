@@ -3,8 +3,10 @@
 //! our tables (upstream's `SyncLoop` plus `ipt.Monitor(..., forceSyncProxyRules, ...)`).
 //!
 //! Syncs run on the blocking pool (they exec iptables); the proxier sits behind a std
-//! `Mutex` that is never held across an `.await`. Event handlers record changes on the
-//! proxier and call [`RunnerHandle::run`] to ask for a sync.
+//! `Mutex` that only its sync takes (and tests), never held across an `.await`. Event
+//! handlers never touch it: they record into the proxier's `ChangeRecorder` (its own short
+//! lock) and call [`RunnerHandle::run`] to ask for a sync; the canary monitor asks for a
+//! resync the same way. So nothing on the async runtime's threads waits for a sync.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -24,14 +26,14 @@ pub const BURST_SYNCS: u32 = 2;
 /// resyncs, so this only needs to be long (upstream uses an hour too).
 pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 
-/// A proxier shared between event handlers and its sync loop.
+/// A proxier and its sync loop (tests sync it by hand through the same lock).
 pub type SharedProxier = Arc<Mutex<Proxier>>;
 
 /// Locks the proxier; a poisoned lock (a panic mid-sync) still yields the proxier, and the
 /// next sync is forced full so the kernel is rewritten from a known state.
 pub fn lock(proxier: &Mutex<Proxier>) -> MutexGuard<'_, Proxier> {
     proxier.lock().unwrap_or_else(|poisoned: PoisonError<MutexGuard<'_, Proxier>>| {
-        let mut guard = poisoned.into_inner();
+        let guard = poisoned.into_inner();
         guard.force_full_sync();
         guard
     })
@@ -93,10 +95,10 @@ impl SyncLoop {
     pub async fn run(self, shutdown: CancellationToken, on_report: impl Fn(&SyncReport) + Send + Sync + 'static) {
         let SyncLoop { proxier, runner, monitor } = self;
         let handle = runner.handle();
-        let monitor_proxier = proxier.clone();
+        let recorder = lock(&proxier).recorder();
         let monitor_task = tokio::spawn(monitor.run(shutdown.clone(), move || {
             tracing::info!("iptables were flushed from outside; forcing a full resync");
-            lock(&monitor_proxier).force_full_sync();
+            recorder.resync_from_kernel();
             handle.run();
         }));
         // The first sync happens as soon as the loop starts (and is full).

@@ -10,8 +10,8 @@ use kube::runtime::watcher::Event;
 use kube_proxy_rs::config::{KubeProxyConfiguration, Settings};
 use kube_proxy_rs::conntrack::FakeConntrack;
 use kube_proxy_rs::daemon::{Daemon, DaemonDeps, DaemonError};
-use kube_proxy_rs::iptables::Table;
 use kube_proxy_rs::iptables::fake::FakeIptables;
+use kube_proxy_rs::iptables::{FlushFlag, Iptables, RestoreCounters, Result as IptResult, RulePosition, Table};
 use kube_proxy_rs::k8s::{ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::proxier::StaticInterfaces;
@@ -131,4 +131,243 @@ async fn dual_stack_daemon_programs_both_families_and_shuts_down_cleanly() {
         assert!(!has_chain(ipt, "KUBE-PROXY-CANARY"), "canaries removed on shutdown");
         assert!(has_chain(ipt, "KUBE-SVC-"), "service rules stay on shutdown");
     }
+}
+
+/// A [`FakeIptables`] whose restores take time: `steps` transactions of `step` each, as a
+/// large restore split on iptables-nft (one step: a single slow or hung `iptables-restore`).
+struct SlowIptables {
+    inner: Arc<FakeIptables>,
+    delay: std::sync::Mutex<Option<(u32, Duration)>>,
+    restoring: std::sync::atomic::AtomicBool,
+}
+
+impl SlowIptables {
+    fn new(inner: Arc<FakeIptables>) -> Self {
+        SlowIptables { inner, delay: std::sync::Mutex::new(None), restoring: Default::default() }
+    }
+
+    fn slow_down(&self, steps: u32, step: Duration) {
+        *self.delay.lock().expect("lock") = Some((steps, step));
+    }
+
+    fn restoring(&self) -> bool {
+        self.restoring.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Iptables for SlowIptables {
+    fn family(&self) -> IpFamily {
+        self.inner.family()
+    }
+    fn ensure_chain(&self, table: Table, chain: &str) -> IptResult<bool> {
+        self.inner.ensure_chain(table, chain)
+    }
+    fn flush_chain(&self, table: Table, chain: &str) -> IptResult<()> {
+        self.inner.flush_chain(table, chain)
+    }
+    fn delete_chain(&self, table: Table, chain: &str) -> IptResult<()> {
+        self.inner.delete_chain(table, chain)
+    }
+    fn chain_exists(&self, table: Table, chain: &str) -> IptResult<bool> {
+        self.inner.chain_exists(table, chain)
+    }
+    fn ensure_rule(&self, position: RulePosition, table: Table, chain: &str, args: &[&str]) -> IptResult<bool> {
+        self.inner.ensure_rule(position, table, chain, args)
+    }
+    fn rule_exists(&self, table: Table, chain: &str, args: &[&str]) -> IptResult<bool> {
+        self.inner.rule_exists(table, chain, args)
+    }
+    fn delete_rule(&self, table: Table, chain: &str, args: &[&str]) -> IptResult<()> {
+        self.inner.delete_rule(table, chain, args)
+    }
+    fn save_into(&self, table: Table, out: &mut Vec<u8>) -> IptResult<()> {
+        self.inner.save_into(table, out)
+    }
+    fn list_chains(&self, table: Table) -> IptResult<Vec<String>> {
+        self.inner.list_chains(table)
+    }
+    fn restore(&self, table: Table, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> IptResult<()> {
+        self.inner.restore(table, data, flush, counters)
+    }
+    fn restore_all(&self, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> IptResult<()> {
+        self.restore_all_in_steps(data, flush, counters, &mut || {})
+    }
+    fn restore_all_in_steps(
+        &self,
+        data: &[u8],
+        flush: FlushFlag,
+        counters: RestoreCounters,
+        on_step: &mut dyn FnMut(),
+    ) -> IptResult<()> {
+        let delay = *self.delay.lock().expect("lock");
+        if let Some((steps, step)) = delay {
+            self.restoring.store(true, std::sync::atomic::Ordering::SeqCst);
+            for _ in 0..steps {
+                std::thread::sleep(step);
+                on_step();
+            }
+        }
+        let result = self.inner.restore_all(data, flush, counters);
+        self.restoring.store(false, std::sync::atomic::Ordering::SeqCst);
+        result
+    }
+    fn has_random_fully(&self) -> bool {
+        self.inner.has_random_fully()
+    }
+    fn present(&self) -> bool {
+        self.inner.present()
+    }
+}
+
+/// GET `path` from `addr`; the status code and how long the answer took.
+async fn timed_get(addr: std::net::SocketAddr, path: &str) -> (u16, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = Instant::now();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.expect("read");
+    let elapsed = started.elapsed();
+    let text = String::from_utf8_lossy(&response);
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status line");
+    (status, elapsed)
+}
+
+struct SlowRig {
+    slow: Arc<SlowIptables>,
+    set: kube_proxy_rs::k8s::ProxierSet,
+    recorder: Arc<kube_proxy_rs::tracker::ChangeRecorder>,
+    health_addr: std::net::SocketAddr,
+    metrics_addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A single-stack daemon on a [`SlowIptables`], its health and metrics servers listening,
+/// synced once with one Service.
+async fn slow_rig(sync_period: Duration) -> SlowRig {
+    let (fakes, mut deps) = deps(false);
+    let slow = Arc::new(SlowIptables::new(fakes.v4.clone()));
+    deps.iptables_v4 = Some(slow.clone());
+    let mut config = KubeProxyConfiguration::default();
+    config.iptables.sync_period = kube_proxy_rs::config::GoDuration(sync_period.as_nanos() as i64);
+    config.iptables.min_sync_period = kube_proxy_rs::config::GoDuration(1_000_000);
+    let settings = Settings::from_config(&config).expect("settings");
+    let n = node("node-a", &[], &["10.0.1.0/24"], &["198.18.0.2"]);
+    let daemon = Daemon::build(&settings, "node-a".into(), Some(&n), &deps).expect("daemon");
+    let set = daemon.proxier_set();
+    let recorder = kube_proxy_rs::sync_loop::lock(&daemon.families[0].proxier).recorder();
+    let health_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let health_addr = health_listener.local_addr().expect("addr");
+    let metrics_addr = metrics_listener.local_addr().expect("addr");
+    let metrics_server =
+        Arc::new(kube_proxy_rs::health::MetricsServer::new(daemon.metrics.clone(), &serde_json::json!({})).expect("m"));
+    let shutdown = CancellationToken::new();
+    let tasks = vec![
+        tokio::spawn(daemon.health.clone().serve(health_listener, shutdown.clone())),
+        tokio::spawn(metrics_server.serve(metrics_listener, shutdown.clone())),
+        tokio::spawn(daemon.run_loops(shutdown.clone(), None)),
+    ];
+    let mut services = ServiceEvents::default();
+    let mut slices = SliceEvents::default();
+    let web = svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build();
+    for e in [Event::Init, Event::InitApply(web), Event::InitDone] {
+        services.handle(e, &set);
+    }
+    let web_slice = slice("ns1", "web", "web-1").tcp("http", 8080).ips(&["10.0.1.5"]).build();
+    for e in [Event::Init, Event::InitApply(web_slice), Event::InitDone] {
+        slices.handle(e, &set);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !has_chain(&fakes.v4, "KUBE-SVC-") {
+        assert!(Instant::now() < deadline, "first sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    SlowRig { slow, set, recorder, health_addr, metrics_addr, shutdown, tasks }
+}
+
+impl SlowRig {
+    /// Records a new Service (which asks for a sync) and waits until its restore is running.
+    async fn start_slow_sync(&self, name: &str, ip: &str) {
+        let mut services = ServiceEvents::default();
+        let s = svc("ns1", name).cluster_ip(ip).tcp("http", 80).build();
+        services.handle(Event::Apply(s), &self.set);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.slow.restoring() {
+            assert!(Instant::now() < deadline, "the slow restore should start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
+        }
+    }
+}
+
+/// Nothing on the async runtime waits for a sync: while a restore blocks for seconds,
+/// `/livez` and `/metrics` answer at once and watch events are still recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_and_watches_do_not_wait_for_a_long_restore() {
+    let rig = slow_rig(Duration::from_secs(30)).await;
+    rig.slow.slow_down(1, Duration::from_secs(4));
+    rig.start_slow_sync("slow", "172.30.0.2").await;
+    let mut slowest = Duration::ZERO;
+    for i in 0..10u32 {
+        for (addr, path) in [(rig.health_addr, "/livez"), (rig.metrics_addr, "/metrics")] {
+            let (status, took) = timed_get(addr, path).await;
+            assert_eq!(status, 200, "{path}");
+            slowest = slowest.max(took);
+        }
+        // Recording a change goes through the recorder's own lock, not the proxier's.
+        let mut services = ServiceEvents::default();
+        let name = format!("during-{i}");
+        let started = Instant::now();
+        let s = svc("ns1", &name).cluster_ip(&format!("172.30.1.{}", i + 1)).tcp("http", 80).build();
+        services.handle(Event::Apply(s), &rig.set);
+        slowest = slowest.max(started.elapsed());
+        assert!(rig.recorder.pending_services().iter().any(|n| n.name == name), "{name} recorded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(rig.slow.restoring(), "the checks ran while the restore was blocked");
+    assert!(slowest < Duration::from_millis(100), "slowest answer {slowest:?}");
+    rig.stop().await;
+}
+
+/// A restore slower than the health timeout that keeps making progress leaves `/livez`
+/// healthy; one stuck longer than the timeout in a single step does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn livez_follows_restore_progress() {
+    // Health timeout: 2 × sync period = 1 s.
+    let rig = slow_rig(Duration::from_millis(500)).await;
+    rig.slow.slow_down(12, Duration::from_millis(250));
+    rig.start_slow_sync("progressing", "172.30.0.2").await;
+    while rig.slow.restoring() {
+        let (status, _) = timed_get(rig.health_addr, "/livez").await;
+        assert_eq!(status, 200, "a restore that keeps making progress is alive");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    rig.slow.slow_down(1, Duration::from_secs(3));
+    rig.start_slow_sync("stuck", "172.30.0.3").await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(rig.slow.restoring());
+    let (status, _) = timed_get(rig.health_addr, "/livez").await;
+    assert_eq!(status, 503, "a step stuck past the health timeout is not alive");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = timed_get(rig.health_addr, "/livez").await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "healthy again once the restore completes");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rig.stop().await;
 }

@@ -244,6 +244,7 @@ fn exercised_metrics() -> Metrics {
         result: Ok(()),
         retry_after: None,
         elapsed: Duration::from_millis(2),
+        service_health: None,
     };
     m.record_sync(&sync, sync.elapsed, UNIX_EPOCH + Duration::from_secs(2));
     m

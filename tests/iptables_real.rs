@@ -19,7 +19,8 @@ use kube_proxy_rs::cleanup::cleanup_leftovers;
 use kube_proxy_rs::iptables::dump::Dump;
 use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::iptables::monitor::{CANARY_TABLES, CanaryMonitor};
-use kube_proxy_rs::iptables::runner::{Backend, IptablesVersion};
+use kube_proxy_rs::iptables::restore_plan;
+use kube_proxy_rs::iptables::runner::{Backend, IptablesVersion, RunnerOptions};
 use kube_proxy_rs::iptables::{FlushFlag, Iptables, IptablesError, RestoreCounters, RulePosition, Table};
 use kube_proxy_rs::model::{Cidr, IpFamily};
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
@@ -196,7 +197,7 @@ fn new_proxier(ipt: Arc<dyn Iptables>) -> Proxier {
         hostname: NODE_NAME.into(),
         sync_period: Duration::from_secs(30),
     };
-    let mut proxier = Proxier::new(cfg, ipt, Arc::new(StaticInterfaces(vec!["198.18.255.1".parse().expect("ip")])));
+    let proxier = Proxier::new(cfg, ipt, Arc::new(StaticInterfaces(vec!["198.18.255.1".parse().expect("ip")])));
     proxier.on_services_synced();
     proxier.on_endpoint_slices_synced();
     proxier
@@ -299,9 +300,17 @@ fn svc_chains(rules: &BTreeMap<String, Vec<String>>, comment: &str) -> Vec<Strin
 #[test]
 fn proxier_full_and_partial_syncs_on_real_iptables() {
     require_root!();
-    for backend in BACKENDS {
+    // nft once more with every restore split one chain per transaction (the path a large
+    // cluster takes): the same states must result.
+    for (backend, split_budget) in [
+        (Backend::Nft, Some(restore_plan::DEFAULT_BUDGET)),
+        (Backend::Legacy, Some(restore_plan::DEFAULT_BUDGET)),
+        (Backend::Nft, Some(1)),
+    ] {
         let ns = Netns::create("sync");
-        let ipt = Arc::new(ns.runner(backend, IpFamily::V4));
+        let ipt =
+            Arc::new(ns.runner_with(RunnerOptions { backend, split_budget, ..RunnerOptions::default() }, IpFamily::V4));
+        let backend_name = format!("{backend} (split budget {split_budget:?})");
         let random_fully = ipt.has_random_fully();
         ipt.restore_all(FOREIGN.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).expect("foreign rules");
 
@@ -312,17 +321,21 @@ fn proxier_full_and_partial_syncs_on_real_iptables() {
 
         // Full sync: exactly the rendered rules (and the jumps), foreign rules intact.
         let report = sync(&mut proxier, now);
-        assert!(report.full, "{backend}: first sync is full");
+        assert!(report.full, "{backend_name}: first sync is full");
         let after_full = canonical(ipt.as_ref());
-        assert_same_rules(&expected_rules(backend, &cluster, random_fully), &after_full, &format!("{backend} full"));
+        assert_same_rules(
+            &expected_rules(backend, &cluster, random_fully),
+            &after_full,
+            &format!("{backend_name} full"),
+        );
         let nat = chain_rules(ipt.as_ref(), Table::Nat);
         for chain in ["KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "FOREIGN"] {
-            assert!(nat.contains_key(chain), "{backend}: nat {chain} exists");
+            assert!(nat.contains_key(chain), "{backend_name}: nat {chain} exists");
         }
-        assert!(nat["PREROUTING"].iter().any(|r| r.contains("kubernetes service portals")), "{backend}");
-        assert!(nat["PREROUTING"].iter().any(|r| r.contains("-j FOREIGN")), "{backend}");
+        assert!(nat["PREROUTING"].iter().any(|r| r.contains("kubernetes service portals")), "{backend_name}");
+        assert!(nat["PREROUTING"].iter().any(|r| r.contains("-j FOREIGN")), "{backend_name}");
         let web_chains = svc_chains(&nat, "ns1/web:p80");
-        assert_eq!(web_chains.len(), 3, "{backend}: web has a SVC chain and two SEP chains: {web_chains:?}");
+        assert_eq!(web_chains.len(), 3, "{backend_name}: web has a SVC chain and two SEP chains: {web_chains:?}");
 
         // Partial sync: one more web endpoint changes only web's chains.
         let before = chain_rules(ipt.as_ref(), Table::Nat);
@@ -334,8 +347,8 @@ fn proxier_full_and_partial_syncs_on_real_iptables() {
         proxier.on_endpoint_slice_update(&cluster.slices["web"], false);
         now += Duration::from_secs(1);
         let report = sync(&mut proxier, now);
-        assert!(!report.full, "{backend}: second sync is partial");
-        assert!(!report.payload.contains("ns1/np:p80"), "{backend}: partial payload skips unchanged services");
+        assert!(!report.full, "{backend_name}: second sync is partial");
+        assert!(!report.payload.contains("ns1/np:p80"), "{backend_name}: partial payload skips unchanged services");
         let after = chain_rules(ipt.as_ref(), Table::Nat);
         let changed: Vec<&String> = before
             .keys()
@@ -344,22 +357,22 @@ fn proxier_full_and_partial_syncs_on_real_iptables() {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
-        assert!(!changed.is_empty(), "{backend}: something changed");
+        assert!(!changed.is_empty(), "{backend_name}: something changed");
         let web_after = svc_chains(&after, "ns1/web:p80");
-        assert_eq!(web_after.len(), 4, "{backend}: {web_after:?}");
+        assert_eq!(web_after.len(), 4, "{backend_name}: {web_after:?}");
         for chain in &changed {
-            assert!(web_after.contains(chain), "{backend}: partial sync changed {chain}, not one of web's chains");
+            assert!(web_after.contains(chain), "{backend_name}: partial sync changed {chain}, not one of web's chains");
         }
-        assert_eq!(filter_before, chain_rules(ipt.as_ref(), Table::Filter), "{backend}: filter untouched");
+        assert_eq!(filter_before, chain_rules(ipt.as_ref(), Table::Filter), "{backend_name}: filter untouched");
         assert_same_rules(
             &expected_rules(backend, &cluster, random_fully),
             &canonical(ipt.as_ref()),
-            &format!("{backend} partial equals full"),
+            &format!("{backend_name} partial equals full"),
         );
 
         // Deleting services removes their chains at the next sync.
         let np_chains = svc_chains(&after, "ns1/np:p80");
-        assert!(!np_chains.is_empty(), "{backend}");
+        assert!(!np_chains.is_empty(), "{backend_name}");
         let np = cluster.services.remove("np").expect("np");
         let np_slice = cluster.slices.remove("np").expect("np slice");
         proxier.on_service_update(Some(&np), None);
@@ -370,13 +383,13 @@ fn proxier_full_and_partial_syncs_on_real_iptables() {
         sync(&mut proxier, now);
         let nat = chain_rules(ipt.as_ref(), Table::Nat);
         for chain in &np_chains {
-            assert!(!nat.contains_key(chain), "{backend}: {chain} of the deleted service is gone");
+            assert!(!nat.contains_key(chain), "{backend_name}: {chain} of the deleted service is gone");
         }
-        assert!(!save(ipt.as_ref(), Table::Filter).contains("ns3/empty"), "{backend}: REJECT rule gone");
+        assert!(!save(ipt.as_ref(), Table::Filter).contains("ns3/empty"), "{backend_name}: REJECT rule gone");
         assert_same_rules(
             &expected_rules(backend, &cluster, random_fully),
             &canonical(ipt.as_ref()),
-            &format!("{backend} after deletes"),
+            &format!("{backend_name} after deletes"),
         );
 
         // Our chains flushed from outside: the next full sync repairs them.
@@ -400,7 +413,7 @@ fn proxier_full_and_partial_syncs_on_real_iptables() {
         assert_same_rules(
             &expected_rules(backend, &cluster, random_fully),
             &canonical(ipt.as_ref()),
-            &format!("{backend} after repair"),
+            &format!("{backend_name} after repair"),
         );
     }
 }
@@ -523,5 +536,52 @@ fn failed_restore_is_reported_with_context_and_retried_full() {
         let report = sync(&mut proxier, now);
         assert!(report.full, "{backend}: the sync after a failure is full");
         assert!(!chain_rules(ipt.as_ref(), Table::Nat).contains_key(&web_svc), "{backend}: {web_svc} deleted");
+    }
+}
+
+#[test]
+fn split_restore_maps_failures_to_original_lines_and_reports_steps() {
+    require_root!();
+    let ns = Netns::create("split");
+    let ipt = ns.runner_with(
+        RunnerOptions { backend: Backend::Nft, split_budget: Some(1), ..RunnerOptions::default() },
+        IpFamily::V4,
+    );
+    let data =
+        "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-A KUBE-B -d 198.18.0.1/32 -j KUBE-A\n-A KUBE-A -j RETURN\nCOMMIT\n";
+    let mut steps = 0;
+    ipt.restore_all_in_steps(data.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters, &mut || steps += 1)
+        .expect("restore");
+    assert_eq!(steps, 2, "one transaction per chain, leaf first");
+    let nat = chain_rules(&ipt, Table::Nat);
+    assert_eq!(nat["KUBE-B"], ["-d 198.18.0.1/32 -j KUBE-A"]);
+
+    // The bad rule is in the second piece; its line in the original input is reported.
+    let data = "*nat\n:KUBE-C - [0:0]\n:KUBE-D - [0:0]\n-A KUBE-C -j RETURN\n-A KUBE-D --bogus-option\nCOMMIT\n";
+    let err = ipt.restore_all(data.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters).expect_err("bad");
+    assert_eq!(err.restore_line(), Some(5), "{err}");
+}
+
+#[test]
+fn chain_names_are_listed_cheaply_and_match_iptables_save() {
+    require_root!();
+    for backend in BACKENDS {
+        let ns = Netns::create("list");
+        let ipt = ns.runner(backend, IpFamily::V4);
+        ipt.restore_all(FOREIGN.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).expect("foreign rules");
+        let ours = "*nat\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n:KUBE-SEP-ABCDEFGHIJKLMNOP - [0:0]\nCOMMIT\n";
+        ipt.restore_all(ours.as_bytes(), FlushFlag::NoFlush, RestoreCounters::NoCounters).expect("ours");
+        // Built-in chains nothing uses may be missing from nft's listing (iptables-nft-save
+        // prints them regardless); they are never stale, so only the others must agree.
+        let builtin = |c: &String| ["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"].contains(&c.as_str());
+        let mut listed = ipt.list_chains(Table::Nat).expect("list chains");
+        listed.retain(|c| !builtin(c));
+        listed.sort();
+        let mut saved: Vec<String> =
+            kube_proxy_rs::iptables::save::chains_from_table(save(&ipt, Table::Nat).as_bytes()).into_iter().collect();
+        saved.retain(|c| !builtin(c));
+        saved.sort();
+        assert_eq!(listed, saved, "{backend}");
+        assert!(listed.iter().any(|c| c == "KUBE-SEP-ABCDEFGHIJKLMNOP"), "{backend}: {listed:?}");
     }
 }

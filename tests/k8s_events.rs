@@ -16,7 +16,7 @@ use kube_proxy_rs::runner::BoundedFrequencyRunner;
 use kube_proxy_rs::sync_loop::{SharedProxier, lock};
 
 use crate::support::fixtures::{node, slice, svc};
-use crate::support::harness::{TEST_NODE_NAME, TestProxier, shared_test_proxier};
+use crate::support::harness::{TEST_NODE_NAME, TestProxier, proxier_set_member, shared_test_proxier};
 
 struct Cluster {
     proxier: SharedProxier,
@@ -33,7 +33,7 @@ struct Cluster {
 impl Cluster {
     fn new() -> Cluster {
         let (proxier, ipt, runner) = shared_test_proxier();
-        let set = ProxierSet::new(vec![(proxier.clone(), runner.handle())]);
+        let set = ProxierSet::new(vec![proxier_set_member(&proxier, runner.handle())]);
         Cluster {
             proxier,
             ipt,

@@ -21,7 +21,7 @@ use crate::support::apiserver::{ApiServer, Kind};
 use crate::support::assert_rules_eq;
 use crate::support::fixtures::{node, slice, svc};
 use crate::support::harness::{
-    TEST_NODE_NAME, TestProxier, shared_test_proxier, upstream_interfaces, upstream_render_config,
+    TEST_NODE_NAME, TestProxier, proxier_set_member, shared_test_proxier, upstream_interfaces, upstream_render_config,
 };
 
 /// How long a test may wait for the proxier to catch up with the API.
@@ -48,7 +48,7 @@ impl Drop for Rig {
 impl Rig {
     fn start(server: &ApiServer) -> Rig {
         let (proxier, ipt, runner) = shared_test_proxier();
-        let set = ProxierSet::new(vec![(proxier.clone(), runner.handle())]);
+        let set = ProxierSet::new(vec![proxier_set_member(&proxier, runner.handle())]);
         let nodes_seen = Arc::new(Mutex::new(Vec::new()));
         let seen = nodes_seen.clone();
         let on_node: NodeCallback = Arc::new(move |n: Option<&Node>| {
@@ -354,7 +354,7 @@ async fn sync_loop_follows_the_api_through_cut_connections() {
             Arc::new(Mutex::new(Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces())))));
         let sync_loop = SyncLoop::new(proxier, ipt.clone(), Duration::from_millis(100), Duration::from_secs(30))
             .expect("sync loop");
-        let set = ProxierSet::new(vec![(sync_loop.proxier(), sync_loop.handle())]);
+        let set = ProxierSet::new(vec![proxier_set_member(&sync_loop.proxier(), sync_loop.handle())]);
         let shutdown = CancellationToken::new();
         let on_node: NodeCallback = Arc::new(|_: Option<&Node>| {});
         let loop_task = tokio::spawn(sync_loop.run(shutdown.clone(), |_| {}));

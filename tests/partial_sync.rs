@@ -446,38 +446,88 @@ fn rule_totals_count_chains_not_rewritten() {
     assert_eq!(partial.stats.filter_rules_total, count(&fp, Table::Filter));
 }
 
-/// Below the large-cluster threshold every sync reads `iptables-save` for stale chains; above
-/// it, at most once per sync period (upstream: saves can take seconds on big hosts).
+/// Stale chains are found without reading the ruleset in steady state: the kernel's chain
+/// names are listed once (at the first sync, after a failed restore, after a forced resync),
+/// then the proxier follows what it wrote. Below the large-cluster threshold every sync
+/// deletes stale chains; above it, at most once per sync period (upstream's cadence).
 #[test]
-fn large_clusters_look_for_stale_chains_once_per_sync_period() {
-    let saves = |fp: &TestProxier| fp.ipt.calls().iter().filter(|c| c.starts_with("save_into nat")).count();
+fn stale_chains_are_cleaned_up_without_reading_the_ruleset_each_sync() {
+    let reads = |fp: &TestProxier| {
+        fp.ipt.calls().iter().filter(|c| c.starts_with("list_chains nat") || c.starts_with("save_into")).count()
+    };
+    let saves = |fp: &TestProxier| fp.ipt.calls().iter().filter(|c| c.starts_with("save_into")).count();
     let sync_at = |fp: &mut TestProxier, now: std::time::Instant| match fp.proxier.sync(now) {
-        kube_proxy_rs::proxier::SyncOutcome::Synced(r) => assert!(r.result.is_ok()),
+        kube_proxy_rs::proxier::SyncOutcome::Synced(r) => {
+            assert!(r.result.is_ok(), "{:?}", r.result);
+            r.payload
+        }
         other => panic!("{other:?}"),
     };
     let start = std::time::Instant::now();
     let second = std::time::Duration::from_secs(1);
 
     let mut small = TestProxier::new(IpFamily::V4);
-    small.add_services(&[svc("ns1", "a").cluster_ip("172.30.0.1").tcp("p80", 80).build()]);
-    for i in 0..3u32 {
+    // Left by an earlier process: one of our names and one we would never generate.
+    small
+        .ipt
+        .seed(b"*nat\n:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]\n:KUBE-SEP-handmade - [0:0]\n:OTHER - [0:0]\nCOMMIT\n")
+        .expect("seed");
+    let a = svc("ns1", "a").cluster_ip("172.30.0.1").tcp("p80", 80).build();
+    small.add_services(&[a]);
+    small.add_slices(&[slice("ns1", "a", "a-1").tcp("p80", 80).ips(&["10.1.0.1"]).build()]);
+    let first = sync_at(&mut small, start);
+    assert!(first.contains("-X KUBE-SVC-AAAAAAAAAAAAAAAA\n") && first.contains("-X KUBE-SEP-handmade\n"), "{first}");
+    assert!(!first.contains("-X OTHER"), "only our chains are cleaned up");
+    assert_eq!(reads(&small), 1);
+    let sep: String = small.ipt.chains(Table::Nat).into_iter().find(|c| c.starts_with("KUBE-SEP-")).expect("sep");
+    // The endpoint goes: its chain is deleted at the next sync, from what the proxier knows.
+    small.add_slices(&[slice("ns1", "a", "a-1").tcp("p80", 80).ips(&["10.1.0.2"]).build()]);
+    let second_payload = sync_at(&mut small, start + second);
+    assert!(second_payload.contains(&format!("-X {sep}\n")), "{second_payload}");
+    for i in 2..5u32 {
         sync_at(&mut small, start + second * i);
     }
-    assert_eq!(saves(&small), 3);
+    assert_eq!(reads(&small), 1, "no read of the kernel in steady state");
+    // A forced resync (our rules were flushed from outside) reads the chain names again.
+    small.proxier.force_full_sync();
+    sync_at(&mut small, start + second * 6);
+    assert_eq!(reads(&small), 2);
+    // So does the sync after a failed restore.
+    small.ipt.fail_next_restore(kube_proxy_rs::iptables::IptablesError::Lock("test".into()));
+    small.add_services(&[svc("ns1", "b").cluster_ip("172.30.0.2").tcp("p80", 80).build()]);
+    match small.proxier.sync(start + second * 7) {
+        kube_proxy_rs::proxier::SyncOutcome::Synced(r) => assert!(r.result.is_err()),
+        other => panic!("{other:?}"),
+    }
+    sync_at(&mut small, start + second * 8);
+    assert_eq!(reads(&small), 3);
+    assert_eq!(saves(&small), 0, "the fake lists chain names; iptables-save is never read");
+    assert!(
+        small.ipt.chains(Table::Nat).iter().filter(|c| c.starts_with("KUBE-SEP-")).count() == 1,
+        "{:?}",
+        small.ipt.chains(Table::Nat)
+    );
 
     let mut large = TestProxier::new(IpFamily::V4);
     large.add_services(&[svc("ns1", "big").cluster_ip("172.30.0.2").tcp("p80", 80).build()]);
-    let mut s = slice("ns1", "big", "big-1").tcp("p80", 80);
-    for n in 0..1001u32 {
-        s = s.endpoint(ep(&format!("10.2.{}.{}", n / 250, n % 250 + 1)));
-    }
-    large.add_slices(&[s.build()]);
-    for i in 0..3u32 {
-        sync_at(&mut large, start + second * i);
-    }
-    assert_eq!(saves(&large), 1, "within one sync period (30s) only the first sync saves");
-    sync_at(&mut large, start + second * 40);
-    assert_eq!(saves(&large), 2, "after a sync period the next sync saves again");
+    let big_slice = |first: u32| {
+        let mut s = slice("ns1", "big", "big-1").tcp("p80", 80);
+        for n in first..first + 1001 {
+            s = s.endpoint(ep(&format!("10.2.{}.{}", n / 250, n % 250 + 1)));
+        }
+        s.build()
+    };
+    large.add_slices(&[big_slice(0)]);
+    sync_at(&mut large, start);
+    assert_eq!(reads(&large), 1);
+    // One endpoint replaced: its old chain stays until a sync period has passed.
+    large.add_slices(&[big_slice(1)]);
+    let payload = sync_at(&mut large, start + second);
+    assert!(!payload.contains("-X "), "within one sync period (30s) no cleanup");
+    sync_at(&mut large, start + second * 2);
+    let payload = sync_at(&mut large, start + second * 40);
+    assert_eq!(payload.matches("-X KUBE-SEP-").count(), 1, "after a sync period the stale chain goes");
+    assert_eq!(reads(&large), 1, "still without reading the kernel");
 }
 
 /// After a successful sync the proxier clears the conntrack entries of UDP endpoints that

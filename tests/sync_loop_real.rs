@@ -53,7 +53,7 @@ async fn flushed_rules_are_repaired_within_one_sync_period() {
         let proxier =
             Arc::new(Mutex::new(Proxier::new(cfg, runner.clone(), Arc::new(StaticInterfaces(upstream_interfaces())))));
         {
-            let mut p = lock(&proxier);
+            let p = lock(&proxier);
             let web = svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build();
             p.on_service_update(None, Some(&web));
             p.on_endpoint_slice_update(

@@ -265,7 +265,8 @@ impl FakeIptables {
         self.lock().fail_restores_containing.push(text.into());
     }
 
-    /// Makes the next `save_into` call fail with `err` (queued like `fail_next_restore`).
+    /// Makes the next `save_into` or `list_chains` call fail with `err` (queued like
+    /// `fail_next_restore`).
     pub fn fail_next_save(&self, err: IptablesError) {
         self.lock().next_save_failures.push_back(err);
     }
@@ -285,7 +286,7 @@ impl FakeIptables {
     /// * `ensure_rule -I nat PREROUTING -m comment --comment "kubernetes service portals" -j
     ///   KUBE-SERVICES`, `delete_rule nat PREROUTING ...` — arguments rendered with quotes
     ///   where needed;
-    /// * `save_into nat`;
+    /// * `save_into nat`, `list_chains nat`;
     /// * `restore nat --noflush --counters`, `restore_all --noflush` — the flags passed.
     pub fn calls(&self) -> Vec<String> {
         self.lock().calls.clone()
@@ -537,6 +538,15 @@ impl Iptables for FakeIptables {
             state.remove_rule(chain, index);
         }
         Ok(())
+    }
+
+    fn list_chains(&self, table: Table) -> Result<Vec<String>> {
+        let mut inner = self.lock();
+        inner.calls.push(format!("list_chains {table}"));
+        if let Some(err) = inner.next_save_failures.pop_front() {
+            return Err(err);
+        }
+        Ok(inner.tables.get(&table).map(|state| state.ordered_names()).unwrap_or_default())
     }
 
     fn save_into(&self, table: Table, out: &mut Vec<u8>) -> Result<()> {

@@ -9,6 +9,8 @@ pub mod dump;
 pub mod fake;
 pub mod lock;
 pub mod monitor;
+pub mod nft;
+pub mod restore_plan;
 pub mod runner;
 pub mod save;
 
@@ -133,10 +135,32 @@ pub trait Iptables: Send + Sync {
     fn delete_rule(&self, table: Table, chain: &str, args: &[&str]) -> Result<()>;
     /// `iptables-save -t table`.
     fn save_into(&self, table: Table, out: &mut Vec<u8>) -> Result<()>;
+    /// The names of the chains in `table`, in no particular order (built-in chains nothing
+    /// has used may be missing on nft).
+    /// Implementations read them the cheapest way the backend allows; the default reads
+    /// `iptables-save`.
+    fn list_chains(&self, table: Table) -> Result<Vec<String>> {
+        let mut saved = Vec::new();
+        self.save_into(table, &mut saved)?;
+        Ok(save::chains_from_table(&saved).into_iter().collect())
+    }
     /// `iptables-restore -T table`.
     fn restore(&self, table: Table, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> Result<()>;
     /// `iptables-restore` of several tables at once.
     fn restore_all(&self, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> Result<()>;
+    /// [`Iptables::restore_all`], calling `on_step` after each transaction when the input is
+    /// applied as several (see [`restore_plan`]), so a long restore can show it is moving.
+    fn restore_all_in_steps(
+        &self,
+        data: &[u8],
+        flush: FlushFlag,
+        counters: RestoreCounters,
+        on_step: &mut dyn FnMut(),
+    ) -> Result<()> {
+        self.restore_all(data, flush, counters)?;
+        on_step();
+        Ok(())
+    }
     /// Whether MASQUERADE accepts `--random-fully`.
     fn has_random_fully(&self) -> bool;
     /// Whether the kernel supports this family's tables at all.

@@ -203,11 +203,19 @@ pub struct RunnerOptions {
     pub netns: Option<String>,
     /// Kill any single command that runs longer than this.
     pub command_timeout: Duration,
+    /// On iptables-nft, a `--noflush` restore whose input costs more than this (see
+    /// [`super::restore_plan`]) is applied in pieces; `None` never splits.
+    pub split_budget: Option<u64>,
 }
 
 impl Default for RunnerOptions {
     fn default() -> Self {
-        RunnerOptions { backend: Backend::Default, netns: None, command_timeout: Duration::from_secs(300) }
+        RunnerOptions {
+            backend: Backend::Default,
+            netns: None,
+            command_timeout: Duration::from_secs(300),
+            split_budget: Some(super::restore_plan::DEFAULT_BUDGET),
+        }
     }
 }
 
@@ -283,6 +291,10 @@ pub struct IptablesRunner {
     invoker: Invoker,
     locker: Arc<dyn Locker>,
     version: Option<IptablesVersion>,
+    /// `--version` said `(nf_tables)`: chain names can be read with `nft` (see [`super::nft`])
+    /// and large restores are split (see [`super::restore_plan`]).
+    nf_tables: bool,
+    split_budget: Option<u64>,
     has_check: bool,
     has_random_fully: bool,
     wait_flag: &'static [&'static str],
@@ -315,7 +327,9 @@ impl IptablesRunner {
         let bins = Binaries::new(family, options.backend);
         let invoker = Invoker { exec, netns: options.netns, timeout: options.command_timeout };
 
-        let version = probe_version(&invoker, &bins.iptables);
+        let version_text = probe_version_text(&invoker, &bins.iptables);
+        let version = version_text.as_deref().and_then(IptablesVersion::find_in);
+        let nf_tables = version_text.as_deref().is_some_and(|t| t.contains("nf_tables"));
         let effective = version.unwrap_or_else(|| {
             tracing::info!(
                 command = %bins.iptables,
@@ -338,6 +352,8 @@ impl IptablesRunner {
             invoker,
             locker,
             version,
+            nf_tables,
+            split_budget: options.split_budget,
             has_check: effective >= MIN_CHECK_VERSION,
             has_random_fully: effective >= RANDOM_FULLY_MIN_VERSION,
             wait_flag: wait_flags(effective),
@@ -468,15 +484,19 @@ impl IptablesRunner {
 /// Runs `program --version` (stdin empty, as some old `iptables-restore` builds read it
 /// regardless) and extracts the version.
 fn probe_version(invoker: &Invoker, program: &str) -> Option<IptablesVersion> {
+    probe_version_text(invoker, program).as_deref().and_then(IptablesVersion::find_in)
+}
+
+/// What `program --version` printed, when it succeeded.
+fn probe_version_text(invoker: &Invoker, program: &str) -> Option<String> {
     let cmd = invoker.command(program, &["--version"]).stdin(Vec::new());
     match invoker.run(&cmd) {
         Ok(out) if out.success() => {
             let text = out.combined();
-            let version = IptablesVersion::find_in(&text);
-            if version.is_none() {
+            if IptablesVersion::find_in(&text).is_none() {
                 tracing::debug!(command = %cmd, output = %text.trim(), "no version in --version output");
             }
-            version
+            Some(text)
         }
         Ok(out) => {
             tracing::debug!(command = %cmd, status = ?out.status, output = %out.combined().trim(), "--version failed");
@@ -570,12 +590,66 @@ impl Iptables for IptablesRunner {
         self.save_locked(table, out)
     }
 
+    fn list_chains(&self, table: Table) -> Result<Vec<String>> {
+        let _serial = self.lock();
+        if self.nf_tables {
+            let cmd = self.invoker.command("nft", &["list", "chains", super::nft::nft_family(self.family)]);
+            match self.invoker.run(&cmd) {
+                Ok(out) if out.success() => {
+                    return Ok(super::nft::chains_from_nft_listing(
+                        &String::from_utf8_lossy(&out.stdout),
+                        self.family,
+                        table,
+                    ));
+                }
+                Ok(out) => {
+                    tracing::info!(command = %cmd, output = %out.combined().trim(), "nft could not list chains; reading iptables-save instead")
+                }
+                Err(e) => {
+                    tracing::info!(error = %e, "nft is not usable; reading chain names from iptables-save instead")
+                }
+            }
+        }
+        let mut saved = Vec::new();
+        self.save_locked(table, &mut saved)?;
+        Ok(save::chains_from_table(&saved).into_iter().collect())
+    }
+
     fn restore(&self, table: Table, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> Result<()> {
         self.restore_internal(Some(table), data, flush, counters)
     }
 
     fn restore_all(&self, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> Result<()> {
-        self.restore_internal(None, data, flush, counters)
+        self.restore_all_in_steps(data, flush, counters, &mut || {})
+    }
+
+    fn restore_all_in_steps(
+        &self,
+        data: &[u8],
+        flush: FlushFlag,
+        counters: RestoreCounters,
+        on_step: &mut dyn FnMut(),
+    ) -> Result<()> {
+        let pieces = match self.split_budget {
+            Some(budget) if self.nf_tables && flush == FlushFlag::NoFlush => super::restore_plan::split(data, budget),
+            _ => None,
+        };
+        let Some(pieces) = pieces else {
+            self.restore_internal(None, data, flush, counters)?;
+            on_step();
+            return Ok(());
+        };
+        tracing::debug!(pieces = pieces.len(), bytes = data.len(), "restoring in pieces");
+        for piece in &pieces {
+            self.restore_internal(None, &piece.data, flush, counters).map_err(|e| match e {
+                IptablesError::RestoreLine { command, line, output } => {
+                    IptablesError::RestoreLine { command, line: piece.original_line(line).unwrap_or(line), output }
+                }
+                other => other,
+            })?;
+            on_step();
+        }
+        Ok(())
     }
 
     fn has_random_fully(&self) -> bool {

@@ -30,11 +30,8 @@ use crate::events::{
     EventRecorder, InvalidObjectReporter, REASON_INVALID_ENDPOINT_SLICE, REASON_INVALID_SERVICE, object_version,
 };
 use crate::model::{NamespacedName, skipped_addresses};
-use crate::proxier::Proxier;
-use crate::runner::RunnerHandle;
-use crate::sync_loop::{SharedProxier, lock};
-use crate::tracker::LABEL_SERVICE_NAME;
 use crate::tracker::endpoint_slice_cache::{endpoint_slice_keys, skipped_endpoint_addresses};
+use crate::tracker::{ChangeRecorder, LABEL_SERVICE_NAME};
 
 /// Label excluding a Service (and its slices) from this proxy.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -43,54 +40,64 @@ pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// The label selector of the Service and EndpointSlice watches (upstream's informers).
 pub const WATCH_LABEL_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
+/// What the watches feed: one IP family's change recorder. Every call only records (it
+/// never waits for a sync) and says whether a sync is wanted.
+pub trait ChangeSink: Send + Sync {
+    /// The current state of a Service (`None`: deleted).
+    fn on_service(&self, service: NamespacedName, current: Option<&Service>) -> bool;
+    /// An EndpointSlice added or updated, or deleted (`removed`).
+    fn on_endpoint_slice(&self, slice: &EndpointSlice, removed: bool) -> bool;
+    /// This node (`None`: deleted).
+    fn on_node(&self, node: Option<&Node>) -> bool;
+    /// Services were listed once; answers whether both kinds now have been.
+    fn on_services_synced(&self) -> bool;
+    /// EndpointSlices were listed once; answers whether both kinds now have been.
+    fn on_endpoint_slices_synced(&self) -> bool;
+    /// Why the last recorded state of `service` was rejected, if it was.
+    fn invalid_service(&self, service: &NamespacedName) -> Option<String>;
+}
+
+impl ChangeSink for ChangeRecorder {
+    fn on_service(&self, service: NamespacedName, current: Option<&Service>) -> bool {
+        ChangeRecorder::on_service(self, service, current)
+    }
+    fn on_endpoint_slice(&self, slice: &EndpointSlice, removed: bool) -> bool {
+        ChangeRecorder::on_endpoint_slice(self, slice, removed)
+    }
+    fn on_node(&self, node: Option<&Node>) -> bool {
+        ChangeRecorder::on_node(self, node)
+    }
+    fn on_services_synced(&self) -> bool {
+        ChangeRecorder::on_services_synced(self)
+    }
+    fn on_endpoint_slices_synced(&self) -> bool {
+        ChangeRecorder::on_endpoint_slices_synced(self)
+    }
+    fn invalid_service(&self, service: &NamespacedName) -> Option<String> {
+        ChangeRecorder::invalid_service(self, service).map(|e| e.to_string())
+    }
+}
+
+/// Asks a proxier for a sync (its runner's trigger, plus whatever is recorded when a sync is
+/// queued: health, metrics).
+pub type SyncRequest = Arc<dyn Fn() + Send + Sync>;
+
 /// The proxiers (one per IP family) fed by the same watches, with their sync triggers.
 #[derive(Clone)]
 pub struct ProxierSet {
-    members: Vec<Member>,
-}
-
-/// A hook run whenever a sync is requested (health's queued update, metrics).
-pub type QueuedHook = Arc<dyn Fn() + Send + Sync>;
-
-#[derive(Clone)]
-struct Member {
-    proxier: SharedProxier,
-    handle: RunnerHandle,
-    queued: Option<QueuedHook>,
-}
-
-impl Member {
-    fn request_sync(&self) {
-        if let Some(q) = &self.queued {
-            q();
-        }
-        self.handle.run();
-    }
+    members: Vec<(Arc<dyn ChangeSink>, SyncRequest)>,
 }
 
 impl ProxierSet {
-    pub fn new(members: Vec<(SharedProxier, RunnerHandle)>) -> Self {
-        ProxierSet {
-            members: members.into_iter().map(|(proxier, handle)| Member { proxier, handle, queued: None }).collect(),
-        }
+    pub fn new(members: Vec<(Arc<dyn ChangeSink>, SyncRequest)>) -> Self {
+        ProxierSet { members }
     }
 
-    /// Like [`ProxierSet::new`], with a hook per proxier run when a sync is requested.
-    pub fn with_queued_hooks(members: Vec<(SharedProxier, RunnerHandle, QueuedHook)>) -> Self {
-        ProxierSet {
-            members: members
-                .into_iter()
-                .map(|(proxier, handle, queued)| Member { proxier, handle, queued: Some(queued) })
-                .collect(),
-        }
-    }
-
-    /// Applies `f` to every proxier; asks for a sync where it says so.
-    fn each(&self, f: impl Fn(&mut Proxier) -> bool) {
-        for m in &self.members {
-            let wants_sync = f(&mut lock(&m.proxier));
-            if wants_sync {
-                m.request_sync();
+    /// Applies `f` to every recorder; asks for a sync where it says so.
+    fn each(&self, f: impl Fn(&dyn ChangeSink) -> bool) {
+        for (sink, request_sync) in &self.members {
+            if f(sink.as_ref()) {
+                request_sync();
             }
         }
     }
@@ -99,29 +106,14 @@ impl ProxierSet {
     /// empty when none did).
     fn invalid_service(&self, service: &NamespacedName) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for m in &self.members {
-            if let Some(err) = lock(&m.proxier).invalid_service(service) {
-                let text = err.to_string();
-                if !out.contains(&text) {
-                    out.push(text);
-                }
+        for (sink, _) in &self.members {
+            if let Some(text) = sink.invalid_service(service)
+                && !out.contains(&text)
+            {
+                out.push(text);
             }
         }
         out
-    }
-
-    /// Marks one kind as listed; the first sync runs once both kinds are.
-    fn synced(&self, f: impl Fn(&mut Proxier)) {
-        for m in &self.members {
-            let initialized = {
-                let mut p = lock(&m.proxier);
-                f(&mut p);
-                p.is_initialized()
-            };
-            if initialized {
-                m.request_sync();
-            }
-        }
     }
 }
 
@@ -156,7 +148,7 @@ impl ServiceEvents {
                     seen.insert(name.clone());
                 }
                 self.known.insert(name.clone());
-                proxiers.each(|p| p.on_service_state(name.clone(), Some(&svc)));
+                proxiers.each(|p| p.on_service(name.clone(), Some(&svc)));
                 if let Some(reporter) = self.invalid.as_mut() {
                     let mut problems = proxiers.invalid_service(&name);
                     problems.extend(skipped_addresses(&svc));
@@ -167,7 +159,7 @@ impl ServiceEvents {
                 let name = key(&svc.metadata);
                 self.known.remove(&name);
                 self.forget(&name);
-                proxiers.each(|p| p.on_service_state(name.clone(), None));
+                proxiers.each(|p| p.on_service(name.clone(), None));
             }
             Event::Init => self.relisted = Some(HashSet::new()),
             Event::InitDone => {
@@ -177,12 +169,12 @@ impl ServiceEvents {
                     tracing::debug!(service = %name, "service not re-listed; treating it as deleted");
                     self.known.remove(&name);
                     self.forget(&name);
-                    proxiers.each(|p| p.on_service_state(name.clone(), None));
+                    proxiers.each(|p| p.on_service(name.clone(), None));
                 }
                 if !self.synced {
                     self.synced = true;
                     tracing::info!(services = self.known.len(), "services listed");
-                    proxiers.synced(Proxier::on_services_synced);
+                    proxiers.each(|p| p.on_services_synced());
                 }
             }
         }
@@ -245,9 +237,9 @@ impl SliceEvents {
                 // A slice re-labelled to another service leaves the old one.
                 if let Some(old) = previous.filter(|old| old.service != service) {
                     let gone = synthetic_slice(&key(&slice.metadata), &old);
-                    proxiers.each(|p| p.on_endpoint_slice_update(&gone, true));
+                    proxiers.each(|p| p.on_endpoint_slice(&gone, true));
                 }
-                proxiers.each(|p| p.on_endpoint_slice_update(&slice, false));
+                proxiers.each(|p| p.on_endpoint_slice(&slice, false));
             }
             Event::Delete(slice) => {
                 let name = key(&slice.metadata);
@@ -255,7 +247,7 @@ impl SliceEvents {
                 if let Some(reporter) = self.invalid.as_mut() {
                     reporter.forget(&name);
                 }
-                proxiers.each(|p| p.on_endpoint_slice_update(&slice, true));
+                proxiers.each(|p| p.on_endpoint_slice(&slice, true));
             }
             Event::Init => self.relisted = Some(HashSet::new()),
             Event::InitDone => {
@@ -268,13 +260,13 @@ impl SliceEvents {
                     if let Some(old) = self.known.remove(&name) {
                         tracing::debug!(slice = %name, "endpoint slice not re-listed; treating it as deleted");
                         let slice = synthetic_slice(&name, &old);
-                        proxiers.each(|p| p.on_endpoint_slice_update(&slice, true));
+                        proxiers.each(|p| p.on_endpoint_slice(&slice, true));
                     }
                 }
                 if !self.synced {
                     self.synced = true;
                     tracing::info!(slices = self.known.len(), "endpoint slices listed");
-                    proxiers.synced(Proxier::on_endpoint_slices_synced);
+                    proxiers.each(|p| p.on_endpoint_slices_synced());
                 }
             }
         }
@@ -330,19 +322,19 @@ impl NodeEvents {
                 self.present = true;
                 self.relisted = true;
                 on_node(Some(&node));
-                proxiers.each(|p| p.on_node_update(Some(&node)));
+                proxiers.each(|p| p.on_node(Some(&node)));
             }
             Event::Delete(_) => {
                 self.present = false;
                 on_node(None);
-                proxiers.each(|p| p.on_node_update(None));
+                proxiers.each(|p| p.on_node(None));
             }
             Event::Init => self.relisted = false,
             Event::InitDone => {
                 if self.present && !self.relisted {
                     self.present = false;
                     on_node(None);
-                    proxiers.each(|p| p.on_node_update(None));
+                    proxiers.each(|p| p.on_node(None));
                 }
             }
         }

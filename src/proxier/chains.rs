@@ -5,6 +5,8 @@
 //! standard base32 encoding of SHA-256 over the service port name, the protocol and (for
 //! endpoint chains) the endpoint.
 
+use std::collections::HashSet;
+
 use sha2::{Digest, Sha256};
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -194,6 +196,99 @@ fn push_base32_prefix16(digest: &[u8], out: &mut String) {
         for i in (0..8).rev() {
             out.push(ALPHABET[((v >> (i * 5)) & 31) as usize] as char);
         }
+    }
+}
+
+/// Hashes a [`ChainKey`] by folding it: its low 80 bits are already uniformly random
+/// (they come from SHA-256).
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = (v as u64) ^ ((v >> 64) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A set of [`ChainKey`]s.
+pub type KeySet = HashSet<ChainKey, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// The per-service nat chains (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-SEP-`, `KUBE-FW-`, `KUBE-EXT-`)
+/// present in the kernel: the only chains stale-chain cleanup ever deletes. Names we generate
+/// are kept as [`ChainKey`]s (16 bytes each, so 130k chains cost a few MB); any other name with
+/// one of our prefixes (written by hand, or by a kube-proxy with another hash) is kept as
+/// written, and is always stale.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatChains {
+    keys: KeySet,
+    other: HashSet<String>,
+}
+
+impl NatChains {
+    /// The service chains among `names` (a table's chain names; others are ignored).
+    pub fn from_names<I, S>(names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut chains = NatChains::default();
+        for name in names {
+            chains.insert_name(name.as_ref());
+        }
+        chains
+    }
+
+    /// Exactly the chains in `keys` (what a sync that deleted every stale chain leaves).
+    pub fn from_keys(keys: KeySet) -> Self {
+        NatChains { keys, other: HashSet::new() }
+    }
+
+    fn insert_name(&mut self, name: &str) {
+        if !is_service_chain_name(name) {
+            return;
+        }
+        match chain_key(name) {
+            Some(key) => {
+                self.keys.insert(key);
+            }
+            None => {
+                self.other.insert(name.to_owned());
+            }
+        }
+    }
+
+    /// Adds chains created since (a sync that deleted nothing stale).
+    pub fn extend(&mut self, keys: &KeySet) {
+        self.keys.extend(keys.iter().copied());
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len() + self.other.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The chains not in `active`, by name, sorted: what cleanup deletes.
+    pub fn stale(&self, active: &KeySet) -> Vec<String> {
+        let mut stale: Vec<String> = self
+            .keys
+            .iter()
+            .filter(|k| !active.contains(k))
+            .map(|&k| chain_name(k).as_str().to_owned())
+            .chain(self.other.iter().cloned())
+            .collect();
+        stale.sort_unstable();
+        stale
     }
 }
 

@@ -1,9 +1,10 @@
-//! The proxier: owns the service and endpoint maps, drains the change trackers into them,
+//! The proxier: owns the service and endpoint maps, drains its [`ChangeRecorder`] into them,
 //! renders the rules and hands them to iptables (upstream's iptables `Proxier`).
 //!
-//! Event handlers only record changes ([`Proxier::on_service_update`] and friends); the
-//! runner decides when to call [`Proxier::sync`]. Nothing is applied until Services and
-//! EndpointSlices have both been listed once.
+//! Event handlers only record changes, into the recorder ([`Proxier::recorder`]), which has
+//! its own short lock: they never wait for a sync. The runner decides when to call
+//! [`Proxier::sync`]. Nothing is applied until Services and EndpointSlices have both been
+//! listed once.
 
 pub mod chains;
 pub mod local_detect;
@@ -21,9 +22,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::conntrack::{Conntrack, clean_stale_entries};
 use crate::iptables::{self, FlushFlag, Iptables, RestoreCounters, RulePosition, Table};
 use crate::model::NamespacedName;
+use crate::proxier::chains::NatChains;
 use crate::tracker::{
-    EndpointChangeTracker, EndpointsMap, EndpointsUpdateResult, ServiceChangeTracker, ServicePortMap,
-    ServiceUpdateResult,
+    ChangeObserver, ChangeRecorder, EndpointsMap, EndpointsUpdateResult, HealthCheckNodePorts, LocalReadyEndpoints,
+    ServicePortMap, ServiceUpdateResult,
 };
 
 pub use render::{RenderConfig, RenderStats, Rendered};
@@ -208,6 +210,16 @@ pub struct SyncReport {
     pub retry_after: Option<Duration>,
     /// How long the sync took (for the latency metrics).
     pub elapsed: Duration,
+    /// What the service health-check servers need after this sync (set when it succeeded).
+    pub service_health: Option<ServiceHealthState>,
+}
+
+/// The health-check node ports and local ready endpoint counts of one family, as of the last
+/// successful sync: published with the report so nobody has to lock a proxier to read them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceHealthState {
+    pub ports: HealthCheckNodePorts,
+    pub local_endpoints: LocalReadyEndpoints,
 }
 
 /// Settings of one proxier (one IP family).
@@ -223,51 +235,63 @@ pub struct Proxier {
     cfg: ProxierConfig,
     iptables: Arc<dyn Iptables>,
     interfaces: Arc<dyn NetworkInterfaces>,
-    service_changes: ServiceChangeTracker,
-    endpoint_changes: EndpointChangeTracker,
+    /// Where event handlers record changes (shared with them; its own short lock).
+    changes: Arc<ChangeRecorder>,
     services: ServicePortMap,
     endpoints: EndpointsMap,
+    /// This node's labels as of the last drain.
     node_labels: Option<BTreeMap<String, String>>,
-    services_synced: bool,
-    endpoint_slices_synced: bool,
+    /// A failed sync leaves the kernel in a state only a full sync can repair.
     needs_full_sync: bool,
     render_state: render::RenderState,
+    /// The per-service nat chains the kernel holds, as far as this proxier knows: read from
+    /// the kernel only when unknown (at start, after a failed restore, after our rules were
+    /// flushed from outside), then kept up to date from what each restore wrote and deleted.
+    kernel_chains: Option<NatChains>,
     last_cleanup: Option<Instant>,
     /// Clears stale UDP/SCTP conntrack entries after successful syncs; `None` in `render`.
     conntrack: Option<Arc<dyn Conntrack>>,
-    /// Told about every recorded change (the change metrics); `None` in `render`.
-    observer: Option<Arc<dyn ChangeObserver>>,
+    /// Told after each step of a restore that succeeded (liveness).
+    progress: Option<SyncProgress>,
 }
 
-/// Observes the change trackers the way upstream's change metrics do.
-pub trait ChangeObserver: Send + Sync {
-    /// A Service event was recorded; `pending` Services now have unapplied changes.
-    fn service_change(&self, pending: usize);
-    /// An EndpointSlice event of this proxier's address type was recorded; `change_needed`
-    /// says whether it changed anything.
-    fn endpoint_slice_change(&self, change_needed: bool);
-}
+/// Called after each step of a restore that succeeded.
+pub type SyncProgress = Arc<dyn Fn() + Send + Sync>;
 
 impl Proxier {
     pub fn new(cfg: ProxierConfig, iptables: Arc<dyn Iptables>, interfaces: Arc<dyn NetworkInterfaces>) -> Self {
-        let family = cfg.render.family;
+        Proxier::with_recorder(cfg, iptables, interfaces, None)
+    }
+
+    /// A proxier whose recorder reports every recorded change to `observer` (the change
+    /// metrics).
+    pub fn with_recorder(
+        cfg: ProxierConfig,
+        iptables: Arc<dyn Iptables>,
+        interfaces: Arc<dyn NetworkInterfaces>,
+        observer: Option<Arc<dyn ChangeObserver>>,
+    ) -> Self {
+        let changes = Arc::new(ChangeRecorder::new(cfg.render.family, cfg.hostname.clone(), observer));
         Proxier {
-            service_changes: ServiceChangeTracker::new(family),
-            endpoint_changes: EndpointChangeTracker::new(cfg.hostname.clone(), family),
             cfg,
             iptables,
             interfaces,
+            changes,
             services: ServicePortMap::default(),
             endpoints: EndpointsMap::default(),
             node_labels: None,
-            services_synced: false,
-            endpoint_slices_synced: false,
             needs_full_sync: true,
             render_state: render::RenderState::default(),
+            kernel_chains: None,
             last_cleanup: None,
             conntrack: None,
-            observer: None,
+            progress: None,
         }
+    }
+
+    /// The recorder event handlers feed; recording through it never waits for a sync.
+    pub fn recorder(&self) -> Arc<ChangeRecorder> {
+        self.changes.clone()
     }
 
     /// Clears stale conntrack entries through `conntrack` after every successful sync, as
@@ -277,96 +301,68 @@ impl Proxier {
         self
     }
 
-    pub fn with_change_observer(mut self, observer: Arc<dyn ChangeObserver>) -> Self {
-        self.observer = Some(observer);
+    /// Reports sync progress to `progress` (the daemon's liveness).
+    pub fn with_progress(mut self, progress: SyncProgress) -> Self {
+        self.progress = Some(progress);
         self
-    }
-
-    fn observe_service_change(&self) {
-        if let Some(o) = &self.observer {
-            o.service_change(self.service_changes.pending());
-        }
     }
 
     pub fn config(&self) -> &ProxierConfig {
         &self.cfg
     }
 
-    /// Records a Service add (`previous` None), update or delete (`current` None). Returns
-    /// whether a sync is wanted.
-    pub fn on_service_update(&mut self, previous: Option<&Service>, current: Option<&Service>) -> bool {
-        let changed = self.service_changes.update(previous, current);
-        self.observe_service_change();
-        changed && self.is_initialized()
+    /// Records a Service add (`previous` None), update or delete (`current` None) through the
+    /// recorder, as the watches do (the Service both name is recorded in its current state).
+    /// Returns whether a sync is wanted.
+    pub fn on_service_update(&self, previous: Option<&Service>, current: Option<&Service>) -> bool {
+        let Some(svc) = current.or(previous) else {
+            return false;
+        };
+        let name = NamespacedName::new(
+            svc.metadata.namespace.clone().unwrap_or_default(),
+            svc.metadata.name.clone().unwrap_or_default(),
+        );
+        self.changes.on_service(name, current)
     }
 
-    /// Records the current state of a Service seen by a watch (`current` None: deleted),
-    /// without needing the previous object. Returns whether a sync is wanted.
-    pub fn on_service_state(&mut self, service: NamespacedName, current: Option<&Service>) -> bool {
-        let services = &self.services;
-        let applied = || {
-            services.iter().filter(|(name, _)| name.service == service).map(|(k, v)| (k.clone(), v.clone())).collect()
-        };
-        let changed = self.service_changes.update_from_applied(service.clone(), applied, current);
-        self.observe_service_change();
-        changed && self.is_initialized()
+    /// Records the current state of a Service (`current` None: deleted). Returns whether a
+    /// sync is wanted.
+    pub fn on_service_state(&self, service: NamespacedName, current: Option<&Service>) -> bool {
+        self.changes.on_service(service, current)
     }
 
     /// Records an EndpointSlice add/update, or its deletion. Returns whether a sync is wanted.
-    pub fn on_endpoint_slice_update(&mut self, slice: &EndpointSlice, removed: bool) -> bool {
-        let changed = self.endpoint_changes.endpoint_slice_update(slice, removed);
-        if let Some(o) = &self.observer
-            && slice.address_type == self.cfg.render.family.slice_address_type()
-        {
-            o.endpoint_slice_change(changed);
-        }
-        changed && self.is_initialized()
+    pub fn on_endpoint_slice_update(&self, slice: &EndpointSlice, removed: bool) -> bool {
+        self.changes.on_endpoint_slice(slice, removed)
     }
 
-    pub fn on_services_synced(&mut self) {
-        self.services_synced = true;
+    pub fn on_services_synced(&self) {
+        self.changes.on_services_synced();
     }
 
-    pub fn on_endpoint_slices_synced(&mut self) {
-        self.endpoint_slices_synced = true;
+    pub fn on_endpoint_slices_synced(&self) {
+        self.changes.on_endpoint_slices_synced();
     }
 
-    /// Records this node's labels; a change forces the next sync to be full (topology may
-    /// move endpoints in or out of every service). Returns whether a sync is wanted.
-    pub fn on_node_update(&mut self, node: Option<&Node>) -> bool {
-        let labels = node.map(|n| n.metadata.labels.clone().unwrap_or_default());
-        if let Some(n) = node
-            && n.metadata.name.as_deref() != Some(self.cfg.hostname.as_str())
-        {
-            tracing::error!(
-                event_node = n.metadata.name.as_deref().unwrap_or(""),
-                current_node = %self.cfg.hostname,
-                "received a watch event for a node that doesn't match the current node"
-            );
-            return false;
-        }
-        if labels == self.node_labels {
-            return false;
-        }
-        self.node_labels = labels;
-        self.needs_full_sync = true;
-        true
+    /// Records this node's labels (a change forces the next sync to be full). Returns
+    /// whether a sync is wanted.
+    pub fn on_node_update(&self, node: Option<&Node>) -> bool {
+        self.changes.on_node(node)
     }
 
-    /// Forces the next sync to be full (the canary saw our rules flushed).
-    pub fn force_full_sync(&mut self) {
-        self.needs_full_sync = true;
+    /// Forces the next sync to be full, reading the kernel first (our rules were flushed from
+    /// outside).
+    pub fn force_full_sync(&self) {
+        self.changes.resync_from_kernel();
     }
 
     pub fn is_initialized(&self) -> bool {
-        self.services_synced && self.endpoint_slices_synced
+        self.changes.is_initialized()
     }
 
     /// Services with changes not yet applied (what a partial sync would rewrite).
     pub fn pending_changes(&self) -> HashSet<NamespacedName> {
-        let mut set = self.service_changes.pending_changes();
-        set.extend(self.endpoint_changes.pending_changes());
-        set
+        self.changes.pending_services()
     }
 
     pub fn services(&self) -> &ServicePortMap {
@@ -374,8 +370,8 @@ impl Proxier {
     }
 
     /// Why this proxier rejected the current state of `service`, if it did.
-    pub fn invalid_service(&self, service: &NamespacedName) -> Option<&crate::model::InvalidService> {
-        self.service_changes.invalid(service)
+    pub fn invalid_service(&self, service: &NamespacedName) -> Option<crate::model::InvalidService> {
+        self.changes.invalid_service(service)
     }
 
     pub fn endpoints(&self) -> &EndpointsMap {
@@ -385,14 +381,18 @@ impl Proxier {
     /// Applies pending changes and writes the rules. `now` drives the large-cluster cleanup
     /// cadence.
     pub fn sync(&mut self, now: Instant) -> SyncOutcome {
-        if !self.is_initialized() {
+        let Some(drained) = self.changes.drain() else {
             tracing::debug!("not syncing iptables until Services and EndpointSlices have been received");
             return SyncOutcome::NotInitialized;
-        }
-        let try_partial = !self.needs_full_sync;
+        };
         let started = Instant::now();
-        let service_update = self.services.update(&mut self.service_changes);
-        let endpoints_update = self.endpoints.update(&mut self.endpoint_changes);
+        if drained.full_sync {
+            self.needs_full_sync = true;
+        }
+        self.node_labels = drained.node_labels;
+        let try_partial = !self.needs_full_sync;
+        let service_update = self.services.apply(drained.services);
+        let endpoints_update = self.endpoints.apply(drained.endpoints);
 
         let mut report = SyncReport {
             full: !try_partial,
@@ -403,6 +403,7 @@ impl Proxier {
             result: Ok(()),
             retry_after: None,
             elapsed: Duration::ZERO,
+            service_health: None,
         };
 
         if !try_partial {
@@ -419,25 +420,30 @@ impl Proxier {
             set
         });
 
+        if drained.kernel_changed {
+            self.kernel_chains = None;
+        }
+        let mut read_time = Duration::ZERO;
         let large =
             render::total_endpoints(&self.services, &self.endpoints) > render::LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
         let cleanup_due =
             !large || self.last_cleanup.is_none_or(|t| now.saturating_duration_since(t) > self.cfg.sync_period);
-        let existing = if cleanup_due {
-            let mut buf = Vec::new();
-            match self.iptables.save_into(Table::Nat, &mut buf) {
-                Ok(()) => {
-                    self.last_cleanup = Some(now);
-                    Some(iptables::save::chains_from_table(&buf))
-                }
+        if cleanup_due && self.kernel_chains.is_none() {
+            let reading = Instant::now();
+            let listed = self.iptables.list_chains(Table::Nat);
+            read_time = reading.elapsed();
+            match listed {
+                Ok(names) => self.kernel_chains = Some(NatChains::from_names(names)),
                 Err(e) => {
-                    tracing::error!(error = %e, "failed to execute iptables-save: stale chains will not be deleted");
-                    None
+                    tracing::error!(error = %e, "failed to list the nat chains: stale chains will not be deleted");
                 }
             }
-        } else {
-            None
-        };
+        }
+        let existing = if cleanup_due { self.kernel_chains.as_ref() } else { None };
+        let cleaned = existing.is_some();
+        if cleaned {
+            self.last_cleanup = Some(now);
+        }
 
         let interface_addrs = if self.cfg.render.node_port_addresses.match_all() {
             Vec::new()
@@ -454,9 +460,11 @@ impl Proxier {
             node_labels: self.node_labels.as_ref().unwrap_or(&empty_labels),
             interface_addrs: &interface_addrs,
             changed: changed.as_ref(),
-            existing_nat_chains: existing.as_ref(),
+            existing_nat_chains: existing,
         };
+        let rendering = Instant::now();
         let mut rendered = render::render(&self.cfg.render, &input, &self.render_state);
+        let render_time = rendering.elapsed();
         tracing::debug!(
             services = rendered.stats.services,
             endpoints = rendered.stats.endpoints,
@@ -469,11 +477,36 @@ impl Proxier {
         );
         report.stats = rendered.stats.clone();
 
-        match self.iptables.restore_all(rendered.payload.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters) {
+        let progress = self.progress.clone();
+        let mut on_step = move || {
+            if let Some(progress) = &progress {
+                progress();
+            }
+        };
+        let restoring = Instant::now();
+        let restored = self.iptables.restore_all_in_steps(
+            rendered.payload.as_bytes(),
+            FlushFlag::NoFlush,
+            RestoreCounters::Counters,
+            &mut on_step,
+        );
+        let restore_time = restoring.elapsed();
+        match restored {
             Ok(()) => {
+                let active = std::mem::take(&mut rendered.active_nat_chains);
+                match (&mut self.kernel_chains, cleaned) {
+                    // Every chain not in use was deleted as stale.
+                    (known, true) => *known = Some(NatChains::from_keys(active)),
+                    (Some(known), false) => known.extend(&active),
+                    (None, false) => {}
+                }
                 self.render_state.commit(&mut rendered);
                 self.needs_full_sync = false;
                 report.payload = rendered.payload;
+                report.service_health = Some(ServiceHealthState {
+                    ports: self.services.health_check_node_ports(),
+                    local_endpoints: self.endpoints.local_ready_endpoints(),
+                });
                 if let Some(ct) = &self.conntrack {
                     clean_stale_entries(
                         ct.as_ref(),
@@ -484,6 +517,16 @@ impl Proxier {
                     );
                 }
                 report.elapsed = started.elapsed();
+                // Upstream logs "SyncProxyRules complete" at -v 2 (debug here).
+                tracing::debug!(
+                    full = report.full,
+                    elapsed_ms = report.elapsed.as_millis() as u64,
+                    read_ms = read_time.as_millis() as u64,
+                    render_ms = render_time.as_millis() as u64,
+                    restore_ms = restore_time.as_millis() as u64,
+                    bytes = report.payload.len(),
+                    "sync complete"
+                );
                 SyncOutcome::Synced(Box::new(report))
             }
             Err(e) => {
@@ -503,8 +546,10 @@ impl Proxier {
 
     fn failed(&mut self, mut report: SyncReport, err: SyncError) -> SyncReport {
         tracing::error!(error = %err, retry_after = ?self.cfg.sync_period, "sync failed");
-        // The trackers were drained: only a full sync can restore a known state.
+        // The trackers were drained: only a full sync can restore a known state, and only a
+        // fresh read says which chains the kernel holds now.
         self.needs_full_sync = true;
+        self.kernel_chains = None;
         self.render_state.reset();
         report.result = Err(err);
         report.retry_after = Some(self.cfg.sync_period);

@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
 };
-use crate::proxier::chains::{self, ChainKey, ChainName, chain_key, chain_name, is_service_chain_name};
+use crate::proxier::chains::{self, ChainKey, ChainName, KeySet, NatChains, chain_name};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::tracker::topology::categorize_endpoints;
@@ -60,8 +60,8 @@ pub struct RenderInput<'a> {
     pub interface_addrs: &'a [IpAddr],
     /// `None` for a full sync; for a partial sync, the services whose chains must be rewritten.
     pub changed: Option<&'a HashSet<NamespacedName>>,
-    /// The nat chains `iptables-save` reported, when stale chains are to be cleaned up.
-    pub existing_nat_chains: Option<&'a HashSet<String>>,
+    /// The per-service nat chains the kernel holds, when stale chains are to be cleaned up.
+    pub existing_nat_chains: Option<&'a NatChains>,
 }
 
 /// Top-level chain contents as last written successfully, so a partial sync can leave the
@@ -129,6 +129,8 @@ pub struct Rendered {
     /// Top-level chains written in this payload, keyed `table/chain`, with their rules.
     top_level: Vec<(&'static str, String)>,
     service_rules: HashMap<ServicePortName, usize>,
+    /// Every per-service nat chain this state uses, written now or before.
+    pub active_nat_chains: KeySet,
 }
 
 /// Total endpoints of the services in the map: decides large-cluster mode.
@@ -234,27 +236,6 @@ fn sort_key(name: &str) -> u128 {
     u128::from_be_bytes(bytes)
 }
 
-/// Hashes a [`ChainKey`] by folding it: its low 80 bits are already uniformly random
-/// (they come from SHA-256).
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = (v as u64) ^ ((v >> 64) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type KeySet = HashSet<ChainKey, std::hash::BuildHasherDefault<KeyHasher>>;
-
 struct Renderer<'a> {
     cfg: &'a RenderConfig,
     input: &'a RenderInput<'a>,
@@ -271,10 +252,9 @@ struct Renderer<'a> {
     spans: Vec<ChainSpan<'a>>,
     /// Upper bound of the bytes the KUBE-SEP- chains will take in the payload.
     endpoint_chain_bytes: usize,
-    /// Chains that must not be deleted as stale; collected only when stale chains are
-    /// being looked for.
+    /// The per-service chains this state needs (whether rewritten or not): they must not be
+    /// deleted as stale, and they are what the kernel holds after the restore.
     active: KeySet,
-    track_active: bool,
     stale: Vec<String>,
     probabilities: Vec<String>,
     stats: RenderStats,
@@ -303,12 +283,7 @@ impl<'a> Renderer<'a> {
             arena: String::with_capacity(total * 100 + input.services.len() * 300),
             spans: Vec::with_capacity(total + input.services.len() * 2),
             endpoint_chain_bytes: 0,
-            active: if input.existing_nat_chains.is_some() {
-                KeySet::with_capacity_and_hasher(total + input.services.len() * 4, Default::default())
-            } else {
-                KeySet::default()
-            },
-            track_active: input.existing_nat_chains.is_some(),
+            active: KeySet::with_capacity_and_hasher(total + input.services.len() * 4, Default::default()),
             stale: Vec::new(),
             probabilities: Vec::new(),
             stats: RenderStats {
@@ -486,7 +461,7 @@ impl<'a> Renderer<'a> {
         }
 
         // The per-service chains stay (they are active) whether or not they are rewritten.
-        if self.track_active {
+        {
             let [cluster_key, local_key, fw_key, external_key] = svc.chains.keys;
             for (used, key) in [
                 (uses_external_chain, external_key),
@@ -675,13 +650,7 @@ impl<'a> Renderer<'a> {
         let Some(existing) = self.input.existing_nat_chains else {
             return;
         };
-        let mut stale: Vec<String> = existing
-            .iter()
-            .filter(|c| is_service_chain_name(c) && !chain_key(c).is_some_and(|k| self.active.contains(&k)))
-            .cloned()
-            .collect();
-        stale.sort_unstable();
-        self.stale = stale;
+        self.stale = existing.stale(&self.active);
     }
 
     fn nodeports_tail(&mut self) {
@@ -870,7 +839,14 @@ impl<'a> Renderer<'a> {
 
         stats.nat_rules = nat_rules;
         stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - stats.deleted_chains;
-        Rendered { payload: out, full, stats, top_level, service_rules: self.service_rules }
+        Rendered {
+            payload: out,
+            full,
+            stats,
+            top_level,
+            service_rules: self.service_rules,
+            active_nat_chains: self.active,
+        }
     }
 }
 

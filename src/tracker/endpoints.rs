@@ -57,8 +57,13 @@ impl EndpointsMap {
 
     /// Applies and clears the changes recorded in `tracker`.
     pub fn update(&mut self, tracker: &mut EndpointChangeTracker) -> EndpointsUpdateResult {
+        self.apply(tracker.take_changes())
+    }
+
+    /// Applies changes taken out of a tracker ([`EndpointChangeTracker::take_changes`]).
+    pub fn apply(&mut self, changes: EndpointChanges) -> EndpointsUpdateResult {
         let mut result = EndpointsUpdateResult::default();
-        for (service, change) in tracker.cache.checkout_changes() {
+        for (service, change) in changes.changes {
             for name in change.previous.keys() {
                 self.0.remove(name);
             }
@@ -70,7 +75,7 @@ impl EndpointsMap {
         }
         result.deleted_udp_endpoints.sort();
         result.newly_active_udp_services.sort();
-        result.last_change_trigger_times = std::mem::take(&mut tracker.last_change_trigger_times);
+        result.last_change_trigger_times = changes.last_change_trigger_times;
         result
     }
 
@@ -136,6 +141,21 @@ impl<'a> IntoIterator for &'a EndpointsMap {
     type IntoIter = std::collections::hash_map::Iter<'a, ServicePortName, Vec<EndpointRef>>;
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter()
+    }
+}
+
+/// Changes taken out of an [`EndpointChangeTracker`] (each Service's endpoints before and
+/// after), to be applied with [`EndpointsMap::apply`] outside the tracker's lock.
+#[derive(Debug, Default)]
+pub struct EndpointChanges {
+    changes: BTreeMap<NamespacedName, super::endpoint_slice_cache::EndpointsChange>,
+    last_change_trigger_times: HashMap<NamespacedName, Vec<Timestamp>>,
+}
+
+impl EndpointChanges {
+    /// Services with changes in this batch.
+    pub fn services(&self) -> impl Iterator<Item = &NamespacedName> {
+        self.changes.keys()
     }
 }
 
@@ -212,6 +232,14 @@ impl EndpointChangeTracker {
             }
         }
         changed
+    }
+
+    /// Marks every pending slice update as applied and takes out what it changed.
+    pub fn take_changes(&mut self) -> EndpointChanges {
+        EndpointChanges {
+            changes: self.cache.checkout_changes(),
+            last_change_trigger_times: std::mem::take(&mut self.last_change_trigger_times),
+        }
     }
 
     /// Services with unapplied endpoint changes (call before [`EndpointsMap::update`]).

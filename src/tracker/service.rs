@@ -1,8 +1,12 @@
 //! Service changes: [`ServiceChangeTracker`] records what each Service looked like before
-//! the last sync and what it looks like now; [`ServicePortMap::update`] applies those
+//! the last sync and what it looks like now; [`ServicePortMap::apply`] applies those
 //! changes to the proxier's map (upstream `ServiceChangeTracker` / `ServicePortMap.Update`).
 //!
 //! Recording never touches the applied map, so event handlers can run while a sync renders.
+//! A change is recorded from the Service's current state alone
+//! ([`ServiceChangeTracker::record`]): the tracker remembers the ports it last recorded for
+//! every Service, which is what the previous state of the next change is, so no API objects
+//! are kept and no caller needs the applied map.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
@@ -41,8 +45,13 @@ impl ServicePortMap {
     /// Applies and clears the changes recorded in `tracker` (upstream
     /// `ServicePortMap.Update`).
     pub fn update(&mut self, tracker: &mut ServiceChangeTracker) -> ServiceUpdateResult {
+        self.apply(tracker.take_changes())
+    }
+
+    /// Applies changes taken out of a tracker ([`ServiceChangeTracker::take_changes`]).
+    pub fn apply(&mut self, changes: ServiceChanges) -> ServiceUpdateResult {
         let mut result = ServiceUpdateResult::default();
-        for (service, change) in std::mem::take(&mut tracker.items) {
+        for (service, change) in changes.0 {
             result.updated_services.insert(service);
             let ServiceChange { previous, current } = change;
             for (name, info) in current.0.iter() {
@@ -110,11 +119,26 @@ struct ServiceChange {
     current: ServicePortMap,
 }
 
+/// Changes taken out of a [`ServiceChangeTracker`], to be applied with
+/// [`ServicePortMap::apply`] (outside whatever lock guards the tracker).
+#[derive(Debug, Default)]
+pub struct ServiceChanges(HashMap<NamespacedName, ServiceChange>);
+
+impl ServiceChanges {
+    /// Services with changes in this batch.
+    pub fn services(&self) -> impl Iterator<Item = &NamespacedName> {
+        self.0.keys()
+    }
+}
+
 /// Unapplied Service changes for one IP family, keyed by Service.
 #[derive(Debug)]
 pub struct ServiceChangeTracker {
     family: IpFamily,
     items: HashMap<NamespacedName, ServiceChange>,
+    /// The ports last recorded for each Service that has any: the previous state of its next
+    /// change.
+    recorded: HashMap<NamespacedName, ServicePortMap>,
     /// Why each Service whose current state failed validation was rejected (only those:
     /// the watch side reads it to raise one Warning event per problem).
     invalid: HashMap<NamespacedName, InvalidService>,
@@ -122,7 +146,12 @@ pub struct ServiceChangeTracker {
 
 impl ServiceChangeTracker {
     pub fn new(family: IpFamily) -> ServiceChangeTracker {
-        ServiceChangeTracker { family, items: HashMap::new(), invalid: HashMap::new() }
+        ServiceChangeTracker { family, items: HashMap::new(), recorded: HashMap::new(), invalid: HashMap::new() }
+    }
+
+    /// Takes every pending change out, leaving the tracker with none.
+    pub fn take_changes(&mut self) -> ServiceChanges {
+        ServiceChanges(std::mem::take(&mut self.items))
     }
 
     /// How many Services have changes not yet applied.
@@ -134,13 +163,9 @@ impl ServiceChangeTracker {
         self.family
     }
 
-    /// Records an add (`None`, `Some`), update (`Some`, `Some`) or delete (`Some`, `None`).
-    /// Changes accumulate per Service; a Service whose ports end up as they were before the
-    /// first unapplied change is dropped. Returns whether any change is pending (for any
-    /// Service), like upstream.
-    ///
-    /// A Service that fails validation is logged and treated as having no ports, so an
-    /// update to an invalid spec removes its rules.
+    /// Records an add (`None`, `Some`), update (`Some`, `Some`) or delete (`Some`, `None`):
+    /// the same as [`ServiceChangeTracker::record`] of the Service both name, since the
+    /// tracker knows the previous state itself. Returns whether any change is pending.
     pub fn update(&mut self, previous: Option<&Service>, current: Option<&Service>) -> bool {
         let Some(svc) = current.or(previous) else {
             return false;
@@ -149,41 +174,27 @@ impl ServiceChangeTracker {
             svc.metadata.namespace.clone().unwrap_or_default(),
             svc.metadata.name.clone().unwrap_or_default(),
         );
-        let current_map = self.current_port_map(&service, current);
-        if !self.items.contains_key(&service) {
-            let previous_map = self.port_map(previous);
-            self.items
-                .insert(service.clone(), ServiceChange { previous: previous_map, current: ServicePortMap::new() });
-        }
-        let unchanged = match self.items.get_mut(&service) {
-            Some(change) => {
-                change.current = current_map;
-                change.previous == change.current
-            }
-            None => false,
-        };
-        if unchanged {
-            self.items.remove(&service);
-        }
-        !self.items.is_empty()
+        self.record(service, current)
     }
 
-    /// Records the current state of `service` (`None`: deleted) when the caller does not keep
-    /// the previous object: the state before the first unapplied change is, by definition,
-    /// what was last applied, which `applied` returns (the service's entries of the applied
-    /// [`ServicePortMap`]). Equivalent to [`ServiceChangeTracker::update`] with the previous
-    /// object, without anyone having to store API objects.
-    pub fn update_from_applied(
-        &mut self,
-        service: NamespacedName,
-        applied: impl FnOnce() -> ServicePortMap,
-        current: Option<&Service>,
-    ) -> bool {
+    /// Records the current state of `service` (`None`: deleted). Changes accumulate per
+    /// Service from the state last recorded before the first unapplied change; a Service
+    /// whose ports end up as they were is dropped. Returns whether any change is pending
+    /// (for any Service), like upstream.
+    ///
+    /// A Service that fails validation is logged and treated as having no ports, so an
+    /// update to an invalid spec removes its rules.
+    pub fn record(&mut self, service: NamespacedName, current: Option<&Service>) -> bool {
         let current_map = self.current_port_map(&service, current);
+        let last = if current_map.is_empty() {
+            self.recorded.remove(&service)
+        } else {
+            self.recorded.insert(service.clone(), current_map.clone())
+        };
         let change = self
             .items
             .entry(service.clone())
-            .or_insert_with(|| ServiceChange { previous: applied(), current: ServicePortMap::new() });
+            .or_insert_with(|| ServiceChange { previous: last.unwrap_or_default(), current: ServicePortMap::new() });
         change.current = current_map;
         if change.previous == change.current {
             self.items.remove(&service);
@@ -221,19 +232,6 @@ impl ServiceChangeTracker {
             Err(err) => {
                 tracing::warn!(family = %self.family, "ignoring invalid service: {err}");
                 self.invalid.insert(service.clone(), err);
-                ServicePortMap::new()
-            }
-        }
-    }
-
-    fn port_map(&self, svc: Option<&Service>) -> ServicePortMap {
-        let Some(svc) = svc else {
-            return ServicePortMap::new();
-        };
-        match service_ports(svc, self.family) {
-            Ok(ports) => ports.into_iter().map(|info| (info.name.clone(), Arc::new(info))).collect(),
-            Err(err) => {
-                tracing::warn!(family = %self.family, "ignoring invalid service: {err}");
                 ServicePortMap::new()
             }
         }
@@ -401,14 +399,18 @@ mod tests {
         let a = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80).build();
         let b = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 8080).build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        assert!(tracker.update(None, Some(&a)));
+        // A sync applies it.
+        let _ = tracker.take_changes();
         assert!(tracker.update(Some(&a), Some(&b)));
         assert_eq!(tracker.pending_changes(), HashSet::from([nn("ns", "s")]));
         // Back to what the map last saw: no change pending.
         assert!(!tracker.update(Some(&b), Some(&a)));
         assert!(tracker.pending_changes().is_empty());
         // Added then deleted before a sync: nothing to do.
-        assert!(tracker.update(None, Some(&a)));
-        assert!(!tracker.update(Some(&a), None));
+        let c = service("ns", "c").cluster_ip("10.0.0.3").port("p", "TCP", 80).build();
+        assert!(tracker.update(None, Some(&c)));
+        assert!(!tracker.update(Some(&c), None));
         assert!(!tracker.update(None, None));
     }
 
@@ -438,9 +440,9 @@ mod tests {
         assert!(v4.invalid(&nn("ns", "v6")).is_none(), "another family's service is not invalid");
         v4.update(Some(&bad), Some(&good));
         assert!(v4.invalid(&nn("ns", "s")).is_none());
-        v4.update_from_applied(nn("ns", "s"), ServicePortMap::new, Some(&bad));
+        v4.record(nn("ns", "s"), Some(&bad));
         assert!(v4.invalid(&nn("ns", "s")).is_some());
-        v4.update_from_applied(nn("ns", "s"), ServicePortMap::new, None);
+        v4.record(nn("ns", "s"), None);
         assert!(v4.invalid(&nn("ns", "s")).is_none());
     }
 

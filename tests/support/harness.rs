@@ -85,7 +85,7 @@ impl TestProxier {
         let ipt = Arc::new(FakeIptables::new(family));
         ipt.set_has_random_fully(render.random_fully);
         let cfg = ProxierConfig { render, hostname: TEST_NODE_NAME.into(), sync_period: Duration::from_secs(30) };
-        let mut proxier = Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces())));
+        let proxier = Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces())));
         proxier.on_services_synced();
         proxier.on_endpoint_slices_synced();
         TestProxier { proxier, ipt, now: Instant::now() }
@@ -145,4 +145,15 @@ impl TestProxier {
     pub fn sync_payload(&mut self) -> String {
         self.sync().payload
     }
+}
+
+/// A [`kube_proxy_rs::k8s::ProxierSet`] member for `proxier`: its recorder, and a sync request
+/// that runs `handle`.
+#[allow(dead_code)]
+pub fn proxier_set_member(
+    proxier: &kube_proxy_rs::sync_loop::SharedProxier,
+    handle: kube_proxy_rs::runner::RunnerHandle,
+) -> (Arc<dyn kube_proxy_rs::k8s::ChangeSink>, kube_proxy_rs::k8s::SyncRequest) {
+    let recorder = proxier.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recorder();
+    (recorder, Arc::new(move || handle.run()))
 }

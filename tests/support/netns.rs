@@ -70,8 +70,18 @@ impl Netns {
     }
 
     pub fn runner(&self, backend: Backend, family: IpFamily) -> IptablesRunner {
-        let options =
-            RunnerOptions { backend, netns: Some(self.name.clone()), command_timeout: Duration::from_secs(60) };
+        self.runner_with(RunnerOptions { backend, ..RunnerOptions::default() }, family)
+    }
+
+    /// A runner with `options`, inside this namespace (its own command timeout unless
+    /// `options` sets a shorter one).
+    #[allow(dead_code)]
+    pub fn runner_with(&self, options: RunnerOptions, family: IpFamily) -> IptablesRunner {
+        let options = RunnerOptions {
+            netns: Some(self.name.clone()),
+            command_timeout: options.command_timeout.min(Duration::from_secs(60)),
+            ..options
+        };
         IptablesRunner::new(Arc::new(RealExec), family, options)
     }
 }

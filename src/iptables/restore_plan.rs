@@ -1,0 +1,514 @@
+//! Splitting one large `iptables-restore --noflush` input into a sequence of smaller ones
+//! that iptables-nft applies in seconds rather than minutes, with the same end state.
+//!
+//! Why: with `--noflush`, iptables-nft (1.8.9 through 1.8.13) inserts every chain name a
+//! command mentions into a sorted linked list, walked with `strcmp` from its head
+//! (`nft_cache_level_set` → `cache_chain_list_insert` in nft-cache.c). One restore therefore
+//! costs about (commands × distinct chain names) / 2 comparisons: 31 G at 10k services,
+//! twelve minutes. Cut into pieces whose product stays under a budget, the same work costs a
+//! few seconds, plus a small per-transaction cost (process start, kernel validation).
+//!
+//! The pieces keep every packet on a complete path while they are applied one after the
+//! other:
+//! * a chain is never split: its flush (`:CHAIN`) and all its rules are in one transaction;
+//! * chains go bottom-up: a chain is written no earlier than every chain it jumps to, so a
+//!   rewritten parent only ever refers to children already in their new state (a child
+//!   rewritten earlier still does what its old parent expects: endpoint and service chains
+//!   are named by what they do);
+//! * stale chains are flushed and deleted last, parents before children, after everything
+//!   that referred to them has been rewritten.
+//!
+//! Tables other than the split one (filter, small) are applied whole, in input order.
+//! Input of any shape other than what the proxier writes (`*table`, `:CHAIN` declarations,
+//! `-A` rules for declared chains, `-X`, `COMMIT`, comments) is not split.
+
+use std::collections::{HashMap, HashSet};
+
+/// Above this many (commands × distinct chain names) a table is split; each piece stays
+/// under it. Measured on iptables 1.8.9 (docs/performance.md): around 8M the user-space
+/// list walk of a piece (~20 ms) is comparable to its fixed cost.
+pub const DEFAULT_BUDGET: u64 = 8_000_000;
+
+/// One `iptables-restore` input of a split restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub data: Vec<u8>,
+    /// For each line of `data` (index 0 = line 1), its line number in the original input.
+    original_lines: Vec<usize>,
+}
+
+impl Piece {
+    /// The line of the original input that line `line` (1-based) of this piece came from.
+    pub fn original_line(&self, line: usize) -> Option<usize> {
+        line.checked_sub(1).and_then(|i| self.original_lines.get(i)).copied()
+    }
+
+    /// Number of lines in the piece.
+    pub fn lines(&self) -> usize {
+        self.original_lines.len()
+    }
+}
+
+/// `(commands × distinct chain names)` of one table of `data`, the quantity iptables-nft's
+/// `--noflush` restore spends quadratic time on; the largest over all tables.
+pub fn cost(data: &[u8]) -> u64 {
+    match parse(data) {
+        Some(tables) => tables.iter().map(TableText::cost).max().unwrap_or(0),
+        None => 0,
+    }
+}
+
+/// The pieces to restore one after the other in place of `data`, or `None` when `data` is
+/// best restored as it is (within budget, or not of a shape this module understands).
+pub fn split(data: &[u8], budget: u64) -> Option<Vec<Piece>> {
+    let tables = parse(data)?;
+    if tables.iter().all(|t| t.cost() <= budget) {
+        return None;
+    }
+    let mut pieces = Vec::new();
+    for table in &tables {
+        if table.cost() <= budget {
+            pieces.push(table.whole());
+        } else {
+            pieces.extend(table.split(budget)?);
+        }
+    }
+    Some(pieces)
+}
+
+struct Line<'a> {
+    number: usize,
+    text: &'a str,
+}
+
+struct Chain<'a> {
+    name: &'a str,
+    declaration: Line<'a>,
+    rules: Vec<Line<'a>>,
+    deleted: Option<Line<'a>>,
+}
+
+struct TableText<'a> {
+    header: Line<'a>,
+    commit: Line<'a>,
+    chains: Vec<Chain<'a>>,
+    /// `-X` of chains not declared in this input.
+    bare_deletions: Vec<Line<'a>>,
+    lines: usize,
+    names: usize,
+}
+
+impl TableText<'_> {
+    fn cost(&self) -> u64 {
+        (self.lines as u64).saturating_mul(self.names as u64)
+    }
+
+    /// The table as one piece, in its original line order.
+    fn whole(&self) -> Piece {
+        let mut all: Vec<&Line<'_>> = vec![&self.header];
+        for c in &self.chains {
+            all.push(&c.declaration);
+            all.extend(c.rules.iter());
+            all.extend(c.deleted.iter());
+        }
+        all.extend(self.bare_deletions.iter());
+        all.push(&self.commit);
+        all.sort_by_key(|l| l.number);
+        let mut builder = PieceBuilder::new(&self.header);
+        for l in all.into_iter().skip(1) {
+            builder.push(l);
+        }
+        builder.finish()
+    }
+
+    fn split(&self, budget: u64) -> Option<Vec<Piece>> {
+        let index: HashMap<&str, usize> = self.chains.iter().enumerate().map(|(i, c)| (c.name, i)).collect();
+        let targets: Vec<Vec<usize>> = self
+            .chains
+            .iter()
+            .map(|c| {
+                let mut t: Vec<usize> =
+                    c.rules.iter().filter_map(|r| jump_target(r.text)).filter_map(|n| index.get(n).copied()).collect();
+                t.sort_unstable();
+                t.dedup();
+                t
+            })
+            .collect();
+        let depth = depths(&targets)?;
+
+        let (stale, live): (Vec<usize>, Vec<usize>) =
+            (0..self.chains.len()).partition(|&i| self.chains[i].deleted.is_some());
+        let mut live = live;
+        live.sort_by_key(|&i| (depth[i], i));
+        let mut pieces = Vec::new();
+        let mut current = Packing::default();
+        for &i in &live {
+            let chain = &self.chains[i];
+            let names: Vec<&str> =
+                std::iter::once(chain.name).chain(chain.rules.iter().filter_map(|r| jump_target(r.text))).collect();
+            let lines = 1 + chain.rules.len();
+            if !current.is_empty() && current.cost_with(lines, &names) > budget {
+                pieces.push(self.emit(&std::mem::take(&mut current), Part::Rules, false));
+            }
+            current.add(i, lines, &names);
+        }
+        if !current.is_empty() {
+            pieces.push(self.emit(&std::mem::take(&mut current), Part::Rules, false));
+        }
+        // Stale chains: nothing live refers to them any more (their parents were rewritten
+        // above), but they may refer to each other through their old rules, so all are
+        // flushed before any is deleted.
+        for part in [Part::Flush, Part::Delete] {
+            for &i in &stale {
+                let names = [self.chains[i].name];
+                if !current.is_empty() && current.cost_with(1, &names) > budget {
+                    pieces.push(self.emit(&std::mem::take(&mut current), part, false));
+                }
+                current.add(i, 1, &names);
+            }
+            let bare = part == Part::Delete && !self.bare_deletions.is_empty();
+            if !current.is_empty() || bare {
+                pieces.push(self.emit(&std::mem::take(&mut current), part, bare));
+            }
+        }
+        Some(pieces)
+    }
+
+    /// A piece with `part` of the chains of `packing` (and, with `bare`, the deletions of
+    /// chains not declared in the input), laid out as the original is.
+    fn emit(&self, packing: &Packing<'_>, part: Part, bare: bool) -> Piece {
+        let mut builder = PieceBuilder::new(&self.header);
+        if part != Part::Delete {
+            for &i in &packing.chains {
+                builder.push(&self.chains[i].declaration);
+            }
+        }
+        for &i in &packing.chains {
+            let chain = &self.chains[i];
+            match part {
+                Part::Rules => chain.rules.iter().for_each(|r| builder.push(r)),
+                Part::Flush => {}
+                Part::Delete => chain.deleted.iter().for_each(|l| builder.push(l)),
+            }
+        }
+        if bare {
+            self.bare_deletions.iter().for_each(|l| builder.push(l));
+        }
+        builder.push(&self.commit);
+        builder.finish()
+    }
+}
+
+/// What of its chains a piece carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Declarations (flushes) and rules of live chains.
+    Rules,
+    /// Declarations alone: flushes of stale chains.
+    Flush,
+    /// Deletions of stale chains.
+    Delete,
+}
+
+#[derive(Default)]
+struct Packing<'a> {
+    chains: Vec<usize>,
+    lines: usize,
+    names: HashSet<&'a str>,
+}
+
+impl<'a> Packing<'a> {
+    fn is_empty(&self) -> bool {
+        self.chains.is_empty()
+    }
+
+    fn cost_with(&self, lines: usize, names: &[&'a str]) -> u64 {
+        let new_names = names.iter().filter(|n| !self.names.contains(*n)).collect::<HashSet<_>>().len();
+        ((self.lines + lines + 2) as u64).saturating_mul((self.names.len() + new_names) as u64)
+    }
+
+    fn add(&mut self, chain: usize, lines: usize, names: &[&'a str]) {
+        self.chains.push(chain);
+        self.lines += lines;
+        self.names.extend(names.iter().copied());
+    }
+}
+
+struct PieceBuilder {
+    data: Vec<u8>,
+    original_lines: Vec<usize>,
+}
+
+impl PieceBuilder {
+    fn new(header: &Line<'_>) -> Self {
+        let mut b = PieceBuilder { data: Vec::new(), original_lines: Vec::new() };
+        b.push(header);
+        b
+    }
+
+    fn push(&mut self, line: &Line<'_>) {
+        self.data.extend_from_slice(line.text.as_bytes());
+        self.data.push(b'\n');
+        self.original_lines.push(line.number);
+    }
+
+    fn finish(self) -> Piece {
+        Piece { data: self.data, original_lines: self.original_lines }
+    }
+}
+
+/// The chain a rule jumps or goes to (`-j NAME` / `-g NAME`), if any.
+fn jump_target(rule: &str) -> Option<&str> {
+    let mut words = rule.split_ascii_whitespace();
+    while let Some(w) = words.next() {
+        if w == "-j" || w == "-g" || w == "--jump" || w == "--goto" {
+            return words.next();
+        }
+    }
+    None
+}
+
+/// Each chain's height above the leaves of the jump graph (a chain jumping to nothing
+/// declared here is 0). `None` if the graph has a cycle (iptables would reject it anyway).
+fn depths(targets: &[Vec<usize>]) -> Option<Vec<usize>> {
+    const UNSEEN: usize = usize::MAX;
+    const IN_PROGRESS: usize = usize::MAX - 1;
+    let mut depth = vec![UNSEEN; targets.len()];
+    for root in 0..targets.len() {
+        if depth[root] != UNSEEN {
+            continue;
+        }
+        // Iterative DFS: (node, next target index).
+        let mut stack = vec![(root, 0usize)];
+        depth[root] = IN_PROGRESS;
+        while let Some(&mut (node, ref mut next)) = stack.last_mut() {
+            if let Some(&child) = targets[node].get(*next) {
+                *next += 1;
+                match depth[child] {
+                    IN_PROGRESS => return None,
+                    UNSEEN => {
+                        depth[child] = IN_PROGRESS;
+                        stack.push((child, 0));
+                    }
+                    _ => {}
+                }
+            } else {
+                depth[node] = targets[node].iter().map(|&c| depth[c] + 1).max().unwrap_or(0);
+                stack.pop();
+            }
+        }
+    }
+    Some(depth)
+}
+
+/// A table being parsed: from its `*table` line to its `COMMIT`.
+struct OpenTable<'a> {
+    header: Line<'a>,
+    chains: Vec<Chain<'a>>,
+    index: HashMap<&'a str, usize>,
+    bare: Vec<Line<'a>>,
+    lines: usize,
+}
+
+/// Parses the restore input into tables; `None` for anything but the proxier's shape.
+fn parse(data: &[u8]) -> Option<Vec<TableText<'_>>> {
+    let text = std::str::from_utf8(data).ok()?;
+    let mut tables = Vec::new();
+    let mut current: Option<OpenTable<'_>> = None;
+    for (i, raw) in text.lines().enumerate() {
+        let number = i + 1;
+        let line = raw.trim_end_matches('\r');
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let l = Line { number, text: line };
+        match &mut current {
+            None => {
+                if !line.starts_with('*') {
+                    return None;
+                }
+                current = Some(OpenTable {
+                    header: l,
+                    chains: Vec::new(),
+                    index: HashMap::new(),
+                    bare: Vec::new(),
+                    lines: 0,
+                });
+            }
+            Some(OpenTable { chains, index, bare, lines, .. }) => {
+                *lines += 1;
+                if line == "COMMIT" {
+                    let OpenTable { header, chains, bare, lines, .. } = current.take()?;
+                    let mut names: HashSet<&str> = chains.iter().map(|c| c.name).collect();
+                    for c in &chains {
+                        names.extend(c.rules.iter().filter_map(|r| jump_target(r.text)));
+                    }
+                    let names = names.len();
+                    tables.push(TableText { header, commit: l, chains, bare_deletions: bare, lines, names });
+                } else if let Some(rest) = line.strip_prefix(':') {
+                    let name = rest.split_ascii_whitespace().next()?;
+                    if index.contains_key(name) {
+                        return None;
+                    }
+                    index.insert(name, chains.len());
+                    chains.push(Chain { name, declaration: l, rules: Vec::new(), deleted: None });
+                } else if let Some(rest) = line.strip_prefix("-A ") {
+                    let name = rest.split_ascii_whitespace().next()?;
+                    let &c = index.get(name)?;
+                    if chains[c].deleted.is_some() {
+                        return None;
+                    }
+                    chains[c].rules.push(l);
+                } else if let Some(rest) = line.strip_prefix("-X ") {
+                    let name = rest.trim();
+                    match index.get(name) {
+                        Some(&c) if chains[c].rules.is_empty() && chains[c].deleted.is_none() => {
+                            chains[c].deleted = Some(l)
+                        }
+                        Some(_) => return None,
+                        None => bare.push(l),
+                    }
+                } else {
+                    return None;
+                }
+            }
+        }
+    }
+    if current.is_some() {
+        return None;
+    }
+    Some(tables)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(p: &Piece) -> &str {
+        std::str::from_utf8(&p.data).unwrap()
+    }
+
+    const PAYLOAD: &str = "*filter
+:KUBE-SERVICES - [0:0]
+-A KUBE-SERVICES -j REJECT
+COMMIT
+*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-SVC-A - [0:0]
+:KUBE-SEP-A1 - [0:0]
+:KUBE-SEP-A2 - [0:0]
+:KUBE-SVC-OLD - [0:0]
+:KUBE-SEP-OLD - [0:0]
+-A KUBE-SERVICES -d 10.0.0.1/32 -j KUBE-SVC-A
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-SVC-A -m statistic --mode random --probability 0.5 -j KUBE-SEP-A1
+-A KUBE-SVC-A -j KUBE-SEP-A2
+-A KUBE-SEP-A1 -s 10.1.0.1/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-A1 -p tcp -j DNAT --to-destination 10.1.0.1:80
+-A KUBE-SEP-A2 -s 10.1.0.2/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-A2 -p tcp -j DNAT --to-destination 10.1.0.2:80
+-X KUBE-SVC-OLD
+-X KUBE-SEP-OLD
+-X KUBE-SEP-GONE
+COMMIT
+";
+
+    #[test]
+    fn within_budget_nothing_is_split() {
+        assert_eq!(split(PAYLOAD.as_bytes(), 1_000_000), None);
+        assert!(cost(PAYLOAD.as_bytes()) > 0);
+    }
+
+    #[test]
+    fn pieces_go_bottom_up_with_deletions_last_and_lines_map_back() {
+        let pieces = split(PAYLOAD.as_bytes(), 1).expect("split");
+        let texts: Vec<&str> = pieces.iter().map(text).collect();
+        assert_eq!(texts[0], "*filter\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j REJECT\nCOMMIT\n");
+        // Budget 1: one chain per piece, leaves first.
+        let order: Vec<&str> = texts[1..]
+            .iter()
+            .map(|t| t.lines().nth(1).unwrap().trim_start_matches(':').split(' ').next().unwrap())
+            .collect();
+        let pos = |n: &str| order.iter().position(|o| *o == n).unwrap();
+        assert!(pos("KUBE-MARK-MASQ") < pos("KUBE-SEP-A1"));
+        assert!(pos("KUBE-SEP-A1") < pos("KUBE-SVC-A"));
+        assert!(pos("KUBE-SEP-A2") < pos("KUBE-SVC-A"));
+        assert!(pos("KUBE-SVC-A") < pos("KUBE-SERVICES"));
+        // Stale chains last: all flushed, then all deleted (they may refer to each other);
+        // the deletion of an undeclared chain rides with the last.
+        let n = texts.len();
+        assert_eq!(
+            texts[n - 4..],
+            [
+                "*nat\n:KUBE-SVC-OLD - [0:0]\nCOMMIT\n",
+                "*nat\n:KUBE-SEP-OLD - [0:0]\nCOMMIT\n",
+                "*nat\n-X KUBE-SVC-OLD\nCOMMIT\n",
+                "*nat\n-X KUBE-SEP-OLD\n-X KUBE-SEP-GONE\nCOMMIT\n",
+            ]
+        );
+        // Line numbers map back to the original.
+        let svc = pieces.iter().find(|p| text(p).contains(":KUBE-SVC-A ")).unwrap();
+        assert_eq!(svc.original_line(1), Some(5));
+        assert_eq!(svc.original_line(2), Some(8));
+        assert_eq!(svc.original_line(3), Some(15));
+        assert_eq!(svc.original_line(svc.lines()), Some(24));
+        assert_eq!(svc.original_line(0), None);
+    }
+
+    #[test]
+    fn every_line_is_restored_exactly_once() {
+        for budget in [1, 10, 40, 100, 1000] {
+            let pieces = split(PAYLOAD.as_bytes(), budget).unwrap_or_else(|| vec![parse_whole()]);
+            let mut seen: Vec<usize> = Vec::new();
+            for p in &pieces {
+                for (i, line) in text(p).lines().enumerate() {
+                    if line.starts_with('*') || line == "COMMIT" {
+                        continue;
+                    }
+                    let n = p.original_line(i + 1).unwrap();
+                    assert_eq!(PAYLOAD.lines().nth(n - 1), Some(line), "budget {budget}");
+                    seen.push(n);
+                }
+            }
+            seen.sort_unstable();
+            let expected: Vec<usize> = PAYLOAD
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.starts_with('*') && *l != "COMMIT")
+                .map(|(i, _)| i + 1)
+                .collect();
+            assert_eq!(seen, expected, "budget {budget}");
+        }
+    }
+
+    fn parse_whole() -> Piece {
+        Piece { data: PAYLOAD.as_bytes().to_vec(), original_lines: (1..=PAYLOAD.lines().count()).collect() }
+    }
+
+    #[test]
+    fn larger_budgets_pack_chains_together() {
+        let small = split(PAYLOAD.as_bytes(), 1).unwrap().len();
+        let larger = split(PAYLOAD.as_bytes(), 60).unwrap().len();
+        assert!(larger < small, "{larger} < {small}");
+    }
+
+    #[test]
+    fn unknown_shapes_and_cycles_are_not_split() {
+        for odd in [
+            "*nat\n:A - [0:0]\n-I A -j ACCEPT\nCOMMIT\n",
+            "*nat\n-A UNDECLARED -j ACCEPT\nCOMMIT\n",
+            "*nat\n:A - [0:0]\n-A A -j ACCEPT\n",
+            "junk\n",
+            "*nat\n:A - [0:0]\n:B - [0:0]\n-A A -j B\n-A B -j A\nCOMMIT\n",
+        ] {
+            assert_eq!(split(odd.as_bytes(), 0), None, "{odd:?}");
+        }
+    }
+
+    #[test]
+    fn depths_follow_the_longest_path() {
+        assert_eq!(depths(&[vec![1, 2], vec![2], vec![]]), Some(vec![2, 1, 0]));
+        assert_eq!(depths(&[vec![0]]), None);
+    }
+}
