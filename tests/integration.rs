@@ -11,6 +11,7 @@ mod e2e_faults;
 mod e2e_traffic;
 mod events;
 mod golden;
+mod image;
 mod iptables_real;
 mod k8s_events;
 mod k8s_watch;
