@@ -27,6 +27,11 @@
 #   KPRS_BASE_MAX_AGE_DAYS   reuse a cached Debian layer this many days [7], then rebuild it
 #                            (picks up security updates); 0 always rebuilds
 set -euo pipefail
+# Paths given in the environment are relative to where the script is run from.
+caller=$PWD
+abs() { case "$1" in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac; }
+[ -z "${KPRS_BINARY:-}" ] || KPRS_BINARY=$(abs "$KPRS_BINARY")
+[ -z "${KPRS_IMAGE_DIR:-}" ] || KPRS_IMAGE_DIR=$(abs "$KPRS_IMAGE_DIR")
 cd "$(dirname "$0")/.."
 
 log() { echo "image.sh: $*" >&2; }
@@ -100,7 +105,7 @@ debstrap=(
     --dpkgopt='path-exclude=/usr/share/info/*'
     --dpkgopt='path-exclude=/usr/share/locale/*'
     --dpkgopt='path-exclude=/usr/share/lintian/*'
-    --dpkgopt='path-exclude=/usr/lib/x86_64-linux-gnu/gconv/*'
+    --dpkgopt='path-exclude=/usr/lib/*/gconv/*'
     bookworm
 )
 sources=(
@@ -160,7 +165,9 @@ meta=(
     "org.opencontainers.image.licenses=Apache-2.0"
     "org.opencontainers.image.base.name=debian:bookworm (mmdebstrap)"
 )
-config=(--created="$created" --os=linux --architecture=amd64 --no-history
+# The host's architecture: mmdebstrap builds for it, and so does cargo.
+arch=$(dpkg --print-architecture)
+config=(--created="$created" --os=linux --architecture="$arch" --no-history
     --config.entrypoint=/usr/local/bin/kube-proxy-rs
     --config.env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
 for m in "${meta[@]}"; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system tools the tests use (iptables with both backends, iproute2, conntrack,
-# openssl for test certificates, unshare).
+# openssl for test certificates, unshare; mmdebstrap, umoci and binutils for the image test,
+# which builds the image with scripts/image.sh).
 # Idempotent: does nothing when they are present. Needs root to install; without root it
 # only warns, and the tests that need root skip themselves.
 set -euo pipefail
@@ -11,6 +12,10 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v umoci >/dev/null 2>&1 || need+=(umoci)
+command -v readelf >/dev/null 2>&1 || need+=(binutils)
+command -v objcopy >/dev/null 2>&1 || need+=(binutils)
 if [ "${#need[@]}" -eq 0 ]; then
     exit 0
 fi

@@ -129,7 +129,13 @@ fn unpack(archive: &Path, tag: &str) -> Unpacked {
         env.iter().any(|e| e.as_str().is_some_and(|e| e.starts_with("PATH=") && e.contains("/usr/sbin"))),
         "{config}"
     );
-    assert_eq!((config["os"].as_str(), config["architecture"].as_str()), (Some("linux"), Some("amd64")));
+    // Debian's name for the architecture the binary was built for.
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    assert_eq!((config["os"].as_str(), config["architecture"].as_str()), (Some("linux"), Some(arch)));
 
     let layers = manifest["layers"].as_array().expect("layers");
     assert_eq!(layers.len(), 2, "a Debian layer and a binary layer: {manifest}");
