@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system tools the tests use (iptables with both backends, iproute2, conntrack,
-# openssl for test certificates, unshare, nft for reading chain names on iptables-nft hosts).
+# openssl for test certificates, unshare, nft for reading chain names on iptables-nft hosts;
+# mmdebstrap, umoci and binutils for the image test, which builds the image with
+# scripts/image.sh).
 # Idempotent: does nothing when they are present. Needs root to install; without root it
 # only warns, and the tests that need root skip themselves.
 set -euo pipefail
@@ -12,6 +14,10 @@ command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v umoci >/dev/null 2>&1 || need+=(umoci)
+command -v readelf >/dev/null 2>&1 || need+=(binutils)
+command -v objcopy >/dev/null 2>&1 || need+=(binutils)
 if [ "${#need[@]}" -eq 0 ]; then
     exit 0
 fi

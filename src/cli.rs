@@ -17,9 +17,16 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use crate::config::{GoDuration, VModuleItem, split_host_port};
 use crate::model::ip::parse_ip_sloppy;
 
+/// The version `--version` prints: the crate's version and the git commit it was built from
+/// (recorded by build.rs; "unknown" when built outside a git checkout).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git commit ", env!("KPRS_GIT_COMMIT"), ")");
+
+/// The git commit the binary was built from (build.rs), or "unknown".
+pub const GIT_COMMIT: &str = env!("KPRS_GIT_COMMIT");
+
 /// A drop-in replacement for Kubernetes kube-proxy in iptables mode.
 #[derive(Debug, Parser)]
-#[command(name = "kube-proxy-rs", version, about, long_about = None, args_conflicts_with_subcommands = true)]
+#[command(name = "kube-proxy-rs", version = VERSION, about, long_about = None, args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -12,6 +12,7 @@ mod e2e_scale;
 mod e2e_traffic;
 mod events;
 mod golden;
+mod image;
 mod iptables_real;
 mod k8s_events;
 mod k8s_watch;

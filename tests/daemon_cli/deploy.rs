@@ -22,7 +22,8 @@ use kube_proxy_rs::{config, options};
 
 const NAMESPACE: &str = "kube-system";
 const NAME: &str = "kube-proxy-rs";
-const IMAGE: &str = "kube-proxy-rs:latest";
+/// The image scripts/image.sh names (docs/operations.md, "The image").
+const IMAGE: &str = concat!("kube-proxy-rs:", env!("CARGO_PKG_VERSION"));
 
 /// One typed manifest document.
 #[derive(Debug)]

@@ -1,0 +1,326 @@
+//! The container image `scripts/image.sh` builds, run the way a node runs it. The script
+//! packages the binary under test (built once, cached in `target/image/`); the test reads the
+//! OCI archive a user would load (index, manifest, config, digests, labels), unpacks its layers,
+//! and runs the daemon from the unpacked root filesystem — chrooted, so the image's own
+//! iptables, nft, conntrack and libraries do the work — in a node network namespace against
+//! the test API server: it picks the backend the node uses, programs the rules, answers
+//! /healthz, clears conntrack entries, and `--cleanup` from the image removes its rules.
+//! Both backends, so the image's iptables-nft and iptables-legacy are each shown to agree with
+//! the host kernel. Root only (CI is root); needs the Debian mirror the first time.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::require_root;
+use crate::support::e2e::{BIN, DaemonProcess, NODE_IP, TempDir, daemon_args, kubeconfig_text, topology};
+use crate::support::fixtures::{node, slice, svc};
+use crate::support::netns::Netns;
+
+const ENTRYPOINT: &str = "/usr/local/bin/kube-proxy-rs";
+
+/// The repository root (scripts/image.sh lives there).
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Builds the image from the binary under test (once per test process; the script itself
+/// skips the work when its inputs have not changed) and returns the OCI archive's path.
+fn image_archive() -> PathBuf {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(path) = built.as_ref() {
+        return path.clone();
+    }
+    // target/<profile>/kube-proxy-rs → target/image, beside the cargo outputs.
+    let target = Path::new(BIN).parent().and_then(Path::parent).expect("target dir");
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts/image.sh"))
+        .env("KPRS_BINARY", BIN)
+        .env("KPRS_IMAGE_DIR", target.join("image"))
+        .output()
+        .expect("run scripts/image.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scripts/image.sh failed ({}):\n{stderr}", out.status);
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let last = stdout.lines().last().unwrap_or_else(|| panic!("scripts/image.sh printed nothing\n{stderr}"));
+    let path = PathBuf::from(last.trim());
+    assert!(path.is_file(), "the last line of scripts/image.sh is not a file: {last:?}\n{stderr}");
+    *built = Some(path.clone());
+    path
+}
+
+fn sha256_hex(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A blob of the layout, by descriptor, after checking its digest and size.
+fn blob(layout: &Path, descriptor: &Value) -> PathBuf {
+    let digest = descriptor["digest"].as_str().expect("descriptor digest");
+    let hex = digest.strip_prefix("sha256:").unwrap_or_else(|| panic!("not a sha256 digest: {digest}"));
+    let path = layout.join("blobs/sha256").join(hex);
+    assert_eq!(sha256_hex(&path), hex, "blob {digest} does not match its digest");
+    let size = std::fs::metadata(&path).expect("blob").len();
+    assert_eq!(Some(size), descriptor["size"].as_u64(), "blob {digest}: size differs from its descriptor");
+    path
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).expect("read json"))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The image unpacked: the archive's layout checked, its layers extracted in order.
+struct Unpacked {
+    dir: TempDir,
+    annotations: BTreeMap<String, String>,
+}
+
+impl Unpacked {
+    fn rootfs(&self) -> PathBuf {
+        self.dir.path().join("rootfs")
+    }
+
+    fn rootfs_str(&self) -> String {
+        self.rootfs().display().to_string()
+    }
+}
+
+fn unpack(archive: &Path, tag: &str) -> Unpacked {
+    let dir = TempDir::new(tag);
+    let layout = dir.path().join("layout");
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir_all(&layout).expect("mkdir");
+    std::fs::create_dir_all(&rootfs).expect("mkdir");
+    run(Command::new("tar").arg("-xf").arg(archive).arg("-C").arg(&layout));
+
+    assert_eq!(json(&layout.join("oci-layout"))["imageLayoutVersion"], "1.0.0");
+    let index = json(&layout.join("index.json"));
+    let manifests = index["manifests"].as_array().expect("index manifests");
+    assert_eq!(manifests.len(), 1, "one image in the archive: {index}");
+    let name = format!("kube-proxy-rs:{}", env!("CARGO_PKG_VERSION"));
+    // podman names the loaded image by ref.name, docker by io.containerd.image.name.
+    assert_eq!(manifests[0]["annotations"]["org.opencontainers.image.ref.name"], name.as_str(), "{index}");
+    assert_eq!(manifests[0]["annotations"]["io.containerd.image.name"], name.as_str(), "{index}");
+
+    let manifest = json(&blob(&layout, &manifests[0]));
+    assert_eq!(manifest["config"]["mediaType"], "application/vnd.oci.image.config.v1+json");
+    let config = json(&blob(&layout, &manifest["config"]));
+    assert_eq!(config["config"]["Entrypoint"], serde_json::json!([ENTRYPOINT]), "{config}");
+    let env = config["config"]["Env"].as_array().expect("Env");
+    assert!(
+        env.iter().any(|e| e.as_str().is_some_and(|e| e.starts_with("PATH=") && e.contains("/usr/sbin"))),
+        "{config}"
+    );
+    // Debian's name for the architecture the binary was built for.
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    assert_eq!((config["os"].as_str(), config["architecture"].as_str()), (Some("linux"), Some(arch)));
+
+    let layers = manifest["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 2, "a Debian layer and a binary layer: {manifest}");
+    for layer in layers {
+        assert_eq!(layer["mediaType"], "application/vnd.oci.image.layer.v1.tar+gzip");
+        // Layers from scratch have no whiteouts, so extracting them in order is the image.
+        run(Command::new("tar").arg("-xzf").arg(blob(&layout, layer)).arg("-C").arg(&rootfs));
+    }
+    let annotations: BTreeMap<String, String> = manifest["annotations"]
+        .as_object()
+        .expect("manifest annotations")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().expect("annotation string").to_string()))
+        .collect();
+    // The same metadata as config labels (what `docker inspect` shows).
+    for (k, v) in &annotations {
+        assert_eq!(config["config"]["Labels"][k], v.as_str(), "label {k}: {config}");
+    }
+    Unpacked { dir, annotations }
+}
+
+/// `argv` run from the image inside `ns`: chrooted into the rootfs, with /proc and /sys
+/// mounted there (in the private mount namespace `ip netns exec` makes, gone when it exits).
+fn in_image(ns: &Netns, rootfs: &str, argv: &[&str]) -> Command {
+    let mut script =
+        format!("set -e; mount -t proc proc {rootfs}/proc; mount -t sysfs sysfs {rootfs}/sys; exec chroot {rootfs}");
+    for a in argv {
+        script.push_str(&format!(" '{a}'"));
+    }
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name, "sh", "-c", &script]);
+    cmd
+}
+
+/// Runs `argv` from the image inside `ns`, which must succeed; returns stdout.
+fn image_ok(ns: &Netns, rootfs: &str, argv: &[&str]) -> String {
+    run(&mut in_image(ns, rootfs, argv))
+}
+
+/// What `kube-proxy-rs --version` prints: "kube-proxy-rs 0.1.0 (git commit abc…)".
+fn version_line(cmd: &mut Command) -> String {
+    run(cmd).trim().to_string()
+}
+
+#[test]
+fn image_metadata_binary_and_tools() {
+    require_root!();
+    let image = unpack(&image_archive(), "imgmeta");
+    let rootfs = image.rootfs_str();
+
+    // Labelled with the version and commit the binary reports, which is the one under test.
+    let tested = version_line(Command::new(BIN).arg("--version"));
+    assert_eq!(
+        tested,
+        format!("kube-proxy-rs {} (git commit {})", env!("CARGO_PKG_VERSION"), kube_proxy_rs::cli::GIT_COMMIT)
+    );
+    let ns = Netns::create("imgmeta");
+    assert_eq!(version_line(&mut in_image(&ns, &rootfs, &[ENTRYPOINT, "--version"])), tested);
+    let a = &image.annotations;
+    assert_eq!(a.get("org.opencontainers.image.version").map(String::as_str), Some(env!("CARGO_PKG_VERSION")), "{a:?}");
+    assert_eq!(
+        a.get("org.opencontainers.image.revision").map(String::as_str),
+        Some(kube_proxy_rs::cli::GIT_COMMIT),
+        "{a:?}"
+    );
+    assert!(a.get("org.opencontainers.image.created").is_some_and(|c| c.ends_with('Z')), "{a:?}");
+
+    // The shipped binary has no debug info (symbols stay, for backtraces).
+    let sections =
+        run(Command::new("readelf").args(["-S", "--wide"]).arg(image.rootfs().join("usr/local/bin/kube-proxy-rs")));
+    for debug in [".debug_info", ".debug_line", ".debug_str"] {
+        assert!(!sections.contains(debug), "the image's binary is not stripped ({debug}):\n{sections}");
+    }
+    assert!(sections.contains(".gnu_debuglink"), "{sections}");
+
+    // The image's own tools run against this kernel: both iptables backends, IPv6, nft, conntrack.
+    for tool in ["iptables-nft", "iptables-legacy", "ip6tables-nft", "ip6tables-legacy"] {
+        image_ok(&ns, &rootfs, &[tool, "-t", "nat", "-L", "-n"]);
+    }
+    for tool in ["iptables-nft-restore", "iptables-legacy-restore", "ip6tables-nft-save", "ip6tables-legacy-save"] {
+        image_ok(&ns, &rootfs, &[tool, "--version"]);
+    }
+    image_ok(&ns, &rootfs, &["nft", "list", "tables"]);
+    image_ok(&ns, &rootfs, &["conntrack", "-L"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_runs_the_daemon_and_cleans_up_with_iptables_nft() {
+    require_root!();
+    daemon_from_image("nft").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_runs_the_daemon_and_cleans_up_with_iptables_legacy() {
+    require_root!();
+    daemon_from_image("legacy").await;
+}
+
+/// Polls `check` for up to 30 s, failing with the daemon's log.
+async fn wait_for(daemon: &DaemonProcess, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}\ndaemon log:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The image's daemon on a node whose kubelet uses `backend` (its hint chain is there).
+async fn daemon_from_image(backend: &str) {
+    let other = if backend == "nft" { "legacy" } else { "nft" };
+    let image = unpack(&image_archive(), &format!("img{backend}"));
+    let rootfs = image.rootfs_str();
+    let (_api_ns, node_ns, server) = topology(&format!("img{backend}")).await;
+    server.create(&node("node-img", &[], &[], &[NODE_IP]));
+    server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
+    server.create(&slice("ns1", "web", "web-1").tcp("http", 8080).ips(&["10.1.0.1"]).build());
+    server.create(&svc("ns1", "dns").cluster_ip("172.30.0.10").udp("dns", 53).build());
+    server.create(&slice("ns1", "dns", "dns-1").udp("dns", 53).ips(&["10.1.0.5"]).build());
+
+    // The node's kubelet hint, written with the image's own iptables.
+    image_ok(&node_ns, &rootfs, &[&format!("iptables-{backend}"), "-t", "mangle", "-N", "KUBE-KUBELET-CANARY"]);
+    let save = |b: &str| -> String { image_ok(&node_ns, &rootfs, &[&format!("iptables-{b}-save")]) };
+
+    let kubeconfig = image.rootfs().join("etc/kube-proxy-rs/kubeconfig");
+    std::fs::create_dir_all(kubeconfig.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&kubeconfig, kubeconfig_text(&server)).expect("kubeconfig");
+    let mut args = daemon_args(Path::new("/etc/kube-proxy-rs/kubeconfig"), "node-img");
+    args.extend(["--iptables-sync-period=2s", "--iptables-min-sync-period=100ms", "-v=2"].map(String::from));
+    let mut argv = vec![ENTRYPOINT];
+    argv.extend(args.iter().map(String::as_str));
+    let mut daemon = DaemonProcess::spawn(in_image(&node_ns, &rootfs, &argv), image.dir.path().join("daemon.log"));
+
+    wait_for(&daemon, "rules programmed through the image's iptables", || {
+        save(backend).contains("--to-destination 10.1.0.1:8080")
+    })
+    .await;
+    let log = daemon.log_text();
+    assert!(log.contains(&format!("backend={backend}")), "the daemon must pick the node's backend:\n{log}");
+    let rules = save(backend);
+    assert!(
+        rules.contains("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"),
+        "{rules}"
+    );
+    assert!(rules.contains("--to-destination 10.1.0.5:53"), "{rules}");
+    assert!(!save(other).contains("KUBE-SERVICES"), "nothing written with iptables-{other}");
+
+    // /healthz answers 200.
+    let healthz = node_ns.ok(&[
+        "bash",
+        "-c",
+        &format!("exec 3<>/dev/tcp/{NODE_IP}/10256; printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"),
+    ]);
+    assert!(healthz.starts_with("HTTP/1.") && healthz.contains(" 200 "), "{healthz}\n{}", daemon.log_text());
+
+    // A UDP endpoint going away makes the daemon run the image's conntrack, which must reach
+    // the kernel (no entries match here: "nothing to delete" is its success).
+    server.update(&slice("ns1", "dns", "dns-1").udp("dns", 53).ips(&["10.1.0.6"]).build());
+    wait_for(&daemon, "the new UDP endpoint", || save(backend).contains("--to-destination 10.1.0.6:53")).await;
+    wait_for(&daemon, "conntrack run for the removed UDP endpoint", || {
+        daemon.log_text().lines().any(|l| {
+            l.contains("--dst-nat 10.1.0.5")
+                && (l.contains("no conntrack entries to delete") || l.contains("conntrack entries deleted"))
+        })
+    })
+    .await;
+    let log = daemon.log_text();
+    assert!(!log.contains("failed to delete stale conntrack entries"), "{log}");
+    assert!(!log.contains(" ERROR "), "{log}");
+
+    daemon.signal("TERM");
+    let status = daemon.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "exit status {status}\n{}", daemon.log_text());
+
+    // --cleanup from the image removes every rule of ours, leaving the kubelet's chain and
+    // KUBE-FIREWALL (shared with the kubelet; upstream's cleanup leaves it too).
+    image_ok(&node_ns, &rootfs, &[ENTRYPOINT, "--cleanup"]);
+    let after = save(backend);
+    let ours: Vec<&str> = after
+        .lines()
+        .filter(|l| l.contains("KUBE-") && !l.contains("KUBE-KUBELET-CANARY") && !l.contains("KUBE-FIREWALL"))
+        .collect();
+    assert!(ours.is_empty(), "left behind by --cleanup from the image:\n{}", ours.join("\n"));
+    assert!(after.contains(":KUBE-KUBELET-CANARY"), "the kubelet's chain must stay:\n{after}");
+}
