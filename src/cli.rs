@@ -255,6 +255,8 @@ pub struct VModuleArg(pub Vec<VModuleItem>);
 pub enum Command {
     /// Print the iptables-restore input kube-proxy would write for the given cluster state.
     Render(RenderArgs),
+    /// Trace a new connection through a node's rules: verdict, destinations, path.
+    Trace(crate::cmd::trace::TraceArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

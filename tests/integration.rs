@@ -19,4 +19,5 @@ mod render_cli;
 mod render_restore;
 mod support;
 mod sync_loop_real;
+mod trace_cli;
 mod upstream_rules;
