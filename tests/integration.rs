@@ -20,4 +20,5 @@ mod render_restore;
 mod support;
 mod sync_loop_real;
 mod trace_cli;
+mod trace_flows;
 mod upstream_rules;
