@@ -44,6 +44,19 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Diff(args)) => {
+            init_logging(None);
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            match kube_proxy_rs::cmd::diff::run(&args, &kube_proxy_rs::cmd::trace::RealNode, &mut out) {
+                Ok(false) => ExitCode::SUCCESS,
+                Ok(true) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("kube-proxy-rs diff: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
+        }
         None => daemon(&cli.daemon),
     }
 }

@@ -8,6 +8,7 @@ mod daemon_e2e;
 mod docs_reference;
 mod e2e_events;
 mod e2e_faults;
+mod e2e_trace;
 mod e2e_traffic;
 mod events;
 mod golden;

@@ -30,6 +30,30 @@ pub struct Rule {
     pub comment: Option<String>,
 }
 
+impl Rule {
+    /// A key independent of spelling: rules iptables treats alike (option order, `/32`,
+    /// `--or-mark` vs `--set-xmark`, probability digits, `-m tcp`) get the same key. For
+    /// comparing the rules a node holds with the rules we would write.
+    pub fn key(&self) -> String {
+        let mut parts: Vec<String> = self
+            .matches
+            .iter()
+            .map(|m| match m {
+                // iptables keeps the probability as round(p * 2^31).
+                Match::Probability(p) => format!("probability={}", (p * 2_147_483_648.0).round()),
+                Match::CtState { neg, states } => {
+                    let mut s = states.clone();
+                    s.sort();
+                    format!("ctstate neg={neg} {}", s.join(","))
+                }
+                other => format!("{other:?}"),
+            })
+            .collect();
+        parts.sort();
+        format!("{} comment={:?} target={:?}", parts.join(" "), self.comment, self.target)
+    }
+}
+
 /// An IP protocol as `-p` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
@@ -124,6 +148,11 @@ pub enum Match {
     /// entry, so it does not match, and the tracer reports the rule as an affinity branch.
     RecentCheck {
         neg: bool,
+        name: String,
+        seconds: Option<u64>,
+    },
+    /// `-m recent --set --name NAME`: records the client; always matches.
+    RecentSet {
         name: String,
     },
 }
@@ -238,6 +267,8 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
     let mut stat_mode: Option<String> = None;
     let mut stat_prob: Option<f64> = None;
     let mut recent_check: Option<bool> = None;
+    let mut recent_set = false;
+    let mut recent_seconds: Option<u64> = None;
     let mut recent_name: Option<String> = None;
     let mut proto: Option<Proto> = None;
     let mut unsupported: Option<String> = None;
@@ -371,8 +402,13 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
             }
             "--name" => recent_name = Some(value(&mut i, w)?),
             "--rcheck" | "--update" => recent_check = Some(was_neg),
-            "--set" | "--rsource" | "--rdest" | "--reap" => {}
-            "--seconds" | "--hitcount" | "--mask" => {
+            "--set" => recent_set = true,
+            "--rsource" | "--rdest" | "--reap" => {}
+            "--seconds" => {
+                let v = value(&mut i, w)?;
+                recent_seconds = Some(v.parse().map_err(|_| RuleError::Syntax(format!("bad --seconds {v:?}")))?);
+            }
+            "--hitcount" | "--mask" => {
                 value(&mut i, w)?;
             }
             "--remove" => {
@@ -400,9 +436,11 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
         (Some(m), _) => return Err(RuleError::Unsupported(format!("unsupported statistic mode {m:?}"))),
         (None, Some(_)) => return Err(RuleError::Syntax("--probability without --mode random".into())),
     }
+    let recent_name = recent_name.unwrap_or_else(|| "DEFAULT".into());
     if let Some(neg) = recent_check {
-        let name = recent_name.unwrap_or_else(|| "DEFAULT".into());
-        rule.matches.push(Match::RecentCheck { neg, name });
+        rule.matches.push(Match::RecentCheck { neg, name: recent_name, seconds: recent_seconds });
+    } else if recent_set {
+        rule.matches.push(Match::RecentSet { name: recent_name });
     }
     if rule.matches.iter().any(|m| matches!(m, Match::DestPort { .. })) && !proto.is_some_and(Proto::has_ports) {
         return Err(RuleError::Syntax("a port match needs -p tcp, udp or sctp".into()));
@@ -648,7 +686,7 @@ mod tests {
             "-m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-A --mask 255.255.255.255 --rsource -j KUBE-SEP-A",
         )
         .unwrap();
-        assert_eq!(r.matches, vec![Match::RecentCheck { neg: false, name: "KUBE-SEP-A".into() }]);
+        assert_eq!(r.matches, vec![Match::RecentCheck { neg: false, name: "KUBE-SEP-A".into(), seconds: Some(10800) }]);
         let r = parse_rule("-p tcp -m tcp -j DNAT --to-destination 10.180.0.4:80").unwrap();
         assert_eq!(r.target, Target::Dnat { addr: "10.180.0.4".parse().unwrap(), port: Some(80) });
         let r = parse_rule("-p tcp -j DNAT --to-destination [fd00::4]:80").unwrap();

@@ -169,6 +169,11 @@ impl RuleSet {
         self.tables.get(table)?.get(chain)
     }
 
+    /// The chains of `table` (none if the text has no such table), in no particular order.
+    pub fn chains(&self, table: &str) -> impl Iterator<Item = (&str, &Chain)> {
+        self.tables.get(table).into_iter().flat_map(|t| t.iter().map(|(n, c)| (n.as_str(), c)))
+    }
+
     pub fn has_table(&self, table: &str) -> bool {
         self.tables.contains_key(table)
     }
