@@ -370,7 +370,7 @@ async fn wait_for_stop(
 
 /// The host's interface addresses, read from `/proc`: IPv4 from the local entries of the
 /// kernel's FIB (`/proc/net/fib_trie`), IPv6 from `/proc/net/if_inet6`.
-struct HostInterfaces;
+pub struct HostInterfaces;
 
 impl crate::proxier::NetworkInterfaces for HostInterfaces {
     fn interface_addrs(&self) -> std::io::Result<Vec<std::net::IpAddr>> {

@@ -262,6 +262,10 @@ pub struct VModuleArg(pub Vec<VModuleItem>);
 pub enum Command {
     /// Print the iptables-restore input kube-proxy would write for the given cluster state.
     Render(RenderArgs),
+    /// Trace a new connection through a node's rules: verdict, destinations, path.
+    Trace(crate::cmd::trace::TraceArgs),
+    /// Compare the node's rules with what the cluster state renders to (exit 1 if they differ).
+    Diff(crate::cmd::diff::DiffArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -11,12 +11,14 @@
 //! EndpointSlices into those maps; [`model`] holds the compact per-port and per-endpoint
 //! records; [`iptables`] is the only place that knows how rules reach the kernel, and [`exec`]
 //! the only place that starts processes. [`runner`] paces syncs; [`cleanup`] is `--cleanup`.
-//! [`cli`] parses upstream's flags, [`options`] merges them with the `--config` file
+//! [`cmd`] holds the commands besides the daemon (`render`, `trace`, `diff`); [`trace`] is the
+//! packet tracer they and the tests share. [`cli`] parses upstream's flags, [`options`] merges them with the `--config` file
 //! ([`config`]) the way upstream does, and [`config_watch`] notices when that file changes.
 
 pub mod app;
 pub mod cleanup;
 pub mod cli;
+pub mod cmd;
 pub mod config;
 pub mod config_watch;
 pub mod conntrack;
@@ -34,9 +36,9 @@ pub mod model;
 pub mod oom;
 pub mod options;
 pub mod proxier;
-pub mod render_cmd;
 pub mod runner;
 pub mod sync_loop;
 pub mod synthetic;
 pub mod sysctl;
+pub mod trace;
 pub mod tracker;

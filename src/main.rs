@@ -23,12 +23,37 @@ fn main() -> ExitCode {
             init_logging(None);
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-            match kube_proxy_rs::render_cmd::run(&args, &mut out) {
+            match kube_proxy_rs::cmd::render::run(&args, &mut out) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     drop(out);
                     eprintln!("kube-proxy-rs render: {e}");
                     ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
+                }
+            }
+        }
+        Some(Command::Trace(args)) => {
+            init_logging(None);
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            match kube_proxy_rs::cmd::trace::run(&args, &kube_proxy_rs::cmd::trace::RealNode, &mut out) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("kube-proxy-rs trace: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
+        }
+        Some(Command::Diff(args)) => {
+            init_logging(None);
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            match kube_proxy_rs::cmd::diff::run(&args, &kube_proxy_rs::cmd::trace::RealNode, &mut out) {
+                Ok(false) => ExitCode::SUCCESS,
+                Ok(true) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("kube-proxy-rs diff: {e}");
+                    ExitCode::from(e.exit_code())
                 }
             }
         }
@@ -48,7 +73,7 @@ fn usage_error(e: &clap::Error) -> ExitCode {
     if let Some(word) = e.get(ContextKind::InvalidSubcommand) {
         eprintln!(
             "kube-proxy-rs: unexpected argument '{word}': the daemon takes no positional arguments \
-             (give a boolean flag's value as --flag=false; the only subcommand is `render`)"
+             (give a boolean flag's value as --flag=false; the subcommands are `render`, `trace` and `diff`)"
         );
         return ExitCode::from(2);
     }

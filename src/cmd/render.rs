@@ -70,8 +70,50 @@ fn load_settings(path: Option<&std::path::Path>) -> Result<Settings, RenderCmdEr
     })
 }
 
+/// The node a render acted as, as `render` resolved it from the flags and manifests.
+#[derive(Debug, Clone)]
+pub struct RenderedNode {
+    pub hostname: String,
+    /// The node IP of the rendered family (unspecified when none is known).
+    pub node_ip: IpAddr,
+    /// The interface addresses nodePortAddresses was resolved against.
+    pub interface_addresses: Vec<IpAddr>,
+}
+
+impl RenderedNode {
+    /// The node's own addresses: its interface addresses and node IP.
+    pub fn local_addresses(&self) -> Vec<IpAddr> {
+        let mut out = self.interface_addresses.clone();
+        if !self.node_ip.is_unspecified() && !out.contains(&self.node_ip) {
+            out.push(self.node_ip);
+        }
+        out
+    }
+}
+
 /// Runs `render`, writing each sync's header and payload to `out`.
 pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError> {
+    run_node(args, out).map(|_| ())
+}
+
+/// [`run`], also saying which node it rendered for.
+pub fn run_node(args: &RenderArgs, out: &mut dyn Write) -> Result<RenderedNode, RenderCmdError> {
+    // Load every snapshot before printing anything: a bad file fails the whole command.
+    let mut snapshots = Vec::with_capacity(1 + args.then.len());
+    snapshots.push(load(&args.manifests)?);
+    for path in &args.then {
+        snapshots.push(load(std::slice::from_ref(path))?);
+    }
+    render_snapshots(args, &snapshots, out)
+}
+
+/// Renders `snapshots` (the first, then each later one as a partial sync) with the flags of
+/// `args` (its manifest paths are not read).
+pub fn render_snapshots(
+    args: &RenderArgs,
+    snapshots: &[Snapshot],
+    out: &mut dyn Write,
+) -> Result<RenderedNode, RenderCmdError> {
     let settings = load_settings(args.config.as_deref())?;
     let random_fully = random_fully_supported(&args.iptables_version)?;
     let family = match args.ip_family {
@@ -86,14 +128,9 @@ pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError>
         .filter(|h| !h.is_empty())
         .unwrap_or_else(crate::app::os_hostname);
 
-    // Load every snapshot before printing anything: a bad file fails the whole command.
-    let mut snapshots = Vec::with_capacity(1 + args.then.len());
-    snapshots.push(load(&args.manifests)?);
-    for path in &args.then {
-        snapshots.push(load(std::slice::from_ref(path))?);
-    }
-
-    let node = snapshots[0].nodes.iter().find(|n| n.metadata.name.as_deref() == Some(hostname.as_str()));
+    let empty = Snapshot::default();
+    let first = snapshots.first().unwrap_or(&empty);
+    let node = first.nodes.iter().find(|n| n.metadata.name.as_deref() == Some(hostname.as_str()));
     let node_info = node.map(NodeInfo::from_node).unwrap_or_default();
     if node.is_none() {
         tracing::warn!(hostname = %hostname, "no Node object for this hostname in the manifests; node IP defaults apply");
@@ -130,13 +167,13 @@ pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError>
         sync_period: settings.sync_period,
     };
     let kernel = Arc::new(ChainTracker::new(family, random_fully));
+    let interface_addrs_for_report = interface_addrs.clone();
     let mut proxier = Proxier::new(cfg, kernel, Arc::new(StaticInterfaces(interface_addrs)));
 
     // Snapshots are taken to arrive a sync period apart, so large-cluster mode also cleans
     // up stale chains on every sync, as the daemon would eventually.
     let step = settings.sync_period + Duration::from_millis(1);
     let start = Instant::now();
-    let empty = Snapshot::default();
     let mut previous = &empty;
     for (i, snapshot) in snapshots.iter().enumerate() {
         apply_snapshot(&mut proxier, previous, snapshot, &hostname);
@@ -160,7 +197,7 @@ pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError>
         previous = snapshot;
     }
     out.flush()?;
-    Ok(())
+    Ok(RenderedNode { hostname, node_ip, interface_addresses: interface_addrs_for_report })
 }
 
 fn load(paths: &[PathBuf]) -> Result<Snapshot, RenderCmdError> {

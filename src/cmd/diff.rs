@@ -1,0 +1,266 @@
+//! The `diff` command: the node's live rules (our chains and the jump rules into them) against
+//! what the cluster state renders to, differing rules grouped by service.
+//!
+//! Rules are compared by meaning, not spelling ([`crate::trace::rule::Rule::key`]): what
+//! `iptables-save` prints for a rule we wrote (`/32` masks, `-p` before `-m`, `--set-xmark`,
+//! 11-digit probabilities) equals our restore text. Compared: every chain the rendering has
+//! in nat and filter, every service chain (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`, `KUBE-FW-`,
+//! `KUBE-SEP-`) the node has (stale ones show as extra), and the jump rules from the built-in
+//! chains. Rule order within a chain matters (it decides probabilities and precedence).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::render::{self, RenderCmdError};
+use super::trace::LiveNode;
+use crate::cli::{IpFamilyArg, RenderArgs};
+use crate::model::IpFamily;
+use crate::trace::ruleset::{Chain, LoadedRule, builtin_chains};
+use crate::trace::{LoadError, RuleSet};
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// A KubeProxyConfiguration file, as for `render`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The node name, as for `render`.
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// Which family's rules to compare.
+    #[arg(long, value_enum, default_value = "ipv4")]
+    pub ip_family: IpFamilyArg,
+    /// A host interface address, as for `render` (repeatable).
+    #[arg(long = "interface-address", value_name = "IP")]
+    pub interface_addresses: Vec<IpAddr>,
+    /// The iptables version to assume, as for `render`.
+    #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
+    pub iptables_version: String,
+    /// The node's rules from a file (iptables-save output of nat and filter) instead of the
+    /// live node.
+    #[arg(long, value_name = "FILE")]
+    pub node_rules: Option<PathBuf>,
+    /// The cluster state: YAML manifests (Services, EndpointSlices, Nodes), as for `render`.
+    #[arg(value_name = "MANIFEST", required = true)]
+    pub manifests: Vec<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiffCmdError {
+    #[error(transparent)]
+    Render(#[from] RenderCmdError),
+    #[error("{path}: {source}")]
+    ReadRules { path: String, source: std::io::Error },
+    #[error("{what}: {source}")]
+    Rules { what: String, source: LoadError },
+    #[error("failed to read the node's rules: {0}")]
+    Live(String),
+    #[error("failed to write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl DiffCmdError {
+    /// 2 for bad input; 3 when the node's rules cannot be read (1 means "they differ").
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            DiffCmdError::Render(e) => u8::try_from(e.exit_code()).unwrap_or(2),
+            DiffCmdError::ReadRules { .. } | DiffCmdError::Rules { .. } => 2,
+            DiffCmdError::Live(_) | DiffCmdError::Output(_) => 3,
+        }
+    }
+}
+
+/// One differing rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleDiff {
+    pub table: String,
+    pub chain: String,
+    pub kind: DiffKind,
+    /// The rule as rendered (missing) or as on the node (extra, order).
+    pub rule: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DiffKind {
+    /// Rendered, not on the node.
+    Missing,
+    /// On the node, not rendered.
+    Extra,
+    /// Same rules, different order: the chain as on the node.
+    Order,
+}
+
+/// Differences grouped by service (`ns/name:port`), or [`NODE_WIDE`] for rules of no service.
+pub type Report = BTreeMap<String, Vec<RuleDiff>>;
+
+pub const NODE_WIDE: &str = "(node-wide rules)";
+
+const SERVICE_CHAIN_PREFIXES: &[&str] = &["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"];
+
+fn key(r: &LoadedRule) -> String {
+    match &r.parsed {
+        Ok(rule) => rule.key(),
+        // Not modelled: compare the words after `-A CHAIN`.
+        Err(_) => r.text.split_whitespace().skip(2).collect::<Vec<_>>().join(" "),
+    }
+}
+
+/// The service a comment names: its first word containing `/` (`ns/name:port`).
+fn comment_service(r: &LoadedRule) -> Option<String> {
+    let comment = r.parsed.as_ref().ok()?.comment.as_deref()?;
+    comment.split_whitespace().find(|w| w.contains('/')).map(|w| w.trim_end_matches([',', ';', '.']).to_string())
+}
+
+/// Compares `expected` (rendered, jump rules assumed) with `live` (the node's).
+pub fn compare(expected: &RuleSet, live: &RuleSet) -> Report {
+    let mut diffs: Vec<RuleDiff> = Vec::new();
+    let mut chain_service: HashMap<(String, String), String> = HashMap::new();
+    let empty = Chain::default();
+    for table in ["nat", "filter"] {
+        let mut names: Vec<&str> = expected.chains(table).map(|(n, _)| n).collect();
+        for (name, _) in live.chains(table) {
+            if SERVICE_CHAIN_PREFIXES.iter().any(|p| name.starts_with(p)) && expected.chain(table, name).is_none() {
+                names.push(name);
+            }
+        }
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let e = expected.chain(table, name).unwrap_or(&empty);
+            let l = live.chain(table, name).unwrap_or(&empty);
+            for r in e.rules.iter().chain(&l.rules) {
+                if let Some(svc) = comment_service(r) {
+                    chain_service.entry((table.to_string(), name.to_string())).or_insert(svc);
+                }
+            }
+            if builtin_chains(table).contains(&name) {
+                // Only our jump rules: present on the node, anywhere in the chain.
+                let live_keys: Vec<String> = l.rules.iter().map(key).collect();
+                for r in &e.rules {
+                    if !live_keys.contains(&key(r)) {
+                        diffs.push(RuleDiff {
+                            table: table.into(),
+                            chain: name.into(),
+                            kind: DiffKind::Missing,
+                            rule: r.text.clone(),
+                        });
+                    }
+                }
+                continue;
+            }
+            diffs.extend(compare_chain(table, name, e, l));
+        }
+    }
+    let mut report = Report::new();
+    for d in diffs {
+        let rule = live_or_expected(&d, expected, live);
+        let svc = rule
+            .and_then(comment_service)
+            .or_else(|| chain_service.get(&(d.table.clone(), d.chain.clone())).cloned())
+            .unwrap_or_else(|| NODE_WIDE.to_string());
+        report.entry(svc).or_default().push(d);
+    }
+    report
+}
+
+fn live_or_expected<'a>(d: &RuleDiff, expected: &'a RuleSet, live: &'a RuleSet) -> Option<&'a LoadedRule> {
+    let set = if d.kind == DiffKind::Missing { expected } else { live };
+    set.chain(&d.table, &d.chain)?.rules.iter().find(|r| r.text == d.rule)
+}
+
+fn compare_chain(table: &str, name: &str, e: &Chain, l: &Chain) -> Vec<RuleDiff> {
+    let ek: Vec<String> = e.rules.iter().map(key).collect();
+    let lk: Vec<String> = l.rules.iter().map(key).collect();
+    if ek == lk {
+        return vec![];
+    }
+    let diff =
+        |kind, rule: &LoadedRule| RuleDiff { table: table.into(), chain: name.into(), kind, rule: rule.text.clone() };
+    let mut out = Vec::new();
+    // Multiset difference, each side in its own order.
+    let mut unmatched_live: Vec<Option<&String>> = lk.iter().map(Some).collect();
+    for (k, r) in ek.iter().zip(&e.rules) {
+        match unmatched_live.iter_mut().find(|u| u.is_some_and(|x| x == k)) {
+            Some(slot) => *slot = None,
+            None => out.push(diff(DiffKind::Missing, r)),
+        }
+    }
+    for (slot, r) in unmatched_live.iter().zip(&l.rules) {
+        if slot.is_some() {
+            out.push(diff(DiffKind::Extra, r));
+        }
+    }
+    if out.is_empty() {
+        out.extend(l.rules.iter().map(|r| diff(DiffKind::Order, r)));
+    }
+    out
+}
+
+/// Prints the report; returns whether anything differs.
+pub fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Result<bool> {
+    if report.is_empty() {
+        writeln!(out, "no differences")?;
+        return Ok(false);
+    }
+    let mut rules = 0;
+    for (svc, diffs) in report {
+        writeln!(out, "{svc}:")?;
+        let mut last_chain = None;
+        for d in diffs {
+            if last_chain != Some((&d.table, &d.chain)) {
+                writeln!(out, "  {} {}:", d.table, d.chain)?;
+                last_chain = Some((&d.table, &d.chain));
+            }
+            let (mark, note) = match d.kind {
+                DiffKind::Missing => ("-", "  (rendered, not on the node)"),
+                DiffKind::Extra => ("+", "  (on the node, not rendered)"),
+                DiffKind::Order => ("~", "  (order on the node)"),
+            };
+            writeln!(out, "    {mark} {}{note}", d.rule)?;
+            rules += 1;
+        }
+    }
+    writeln!(out, "{rules} rule(s) differ, in {} group(s)", report.len())?;
+    Ok(true)
+}
+
+/// Runs `diff`; `Ok(true)` when the rules differ.
+pub fn run(args: &DiffArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<bool, DiffCmdError> {
+    let family = match args.ip_family {
+        IpFamilyArg::Ipv4 => IpFamily::V4,
+        IpFamilyArg::Ipv6 => IpFamily::V6,
+    };
+    let render_args = RenderArgs {
+        config: args.config.clone(),
+        hostname_override: args.hostname_override.clone(),
+        ip_family: args.ip_family,
+        interface_addresses: args.interface_addresses.clone(),
+        iptables_version: args.iptables_version.clone(),
+        manifests: args.manifests.clone(),
+        then: vec![],
+    };
+    let mut buf = Vec::new();
+    render::run_node(&render_args, &mut buf)?;
+    let rendered = String::from_utf8_lossy(&buf);
+    let mut expected =
+        RuleSet::parse(&rendered).map_err(|source| DiffCmdError::Rules { what: "rendered rules".into(), source })?;
+    expected.assume_jump_rules_if_missing();
+
+    let (what, live_text) = match &args.node_rules {
+        Some(path) => {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(path)
+                .map_err(|source| DiffCmdError::ReadRules { path: name.clone(), source })?;
+            (name, text)
+        }
+        None => ("the node's rules".to_string(), node.rules(family).map_err(DiffCmdError::Live)?),
+    };
+    let live = RuleSet::parse(&live_text).map_err(|source| DiffCmdError::Rules { what, source })?;
+    let report = compare(&expected, &live);
+    let differ = print_report(&report, out)?;
+    out.flush()?;
+    Ok(differ)
+}

@@ -1,0 +1,228 @@
+//! The `trace` command: where would a new connection go? Rules come from a file, from
+//! manifests rendered as `render` does, or from the live node; the tracer ([`crate::trace`])
+//! follows the packet and this prints the result, briefly or as one JSON object.
+
+use std::io::{Read, Write};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+
+use super::render::{self, RenderCmdError};
+use crate::cli::{IpFamilyArg, RenderArgs};
+use crate::exec::{Exec, RealExec};
+use crate::iptables::{Iptables, Table};
+use crate::model::IpFamily;
+use crate::proxier::NetworkInterfaces;
+use crate::trace::{LoadError, Packet, Proto, RuleSet, TraceError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProtoArg {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Rules to trace through: iptables-save output or iptables-restore input (`-` for
+    /// stdin). Without it and without manifests, the live node's rules.
+    #[arg(long, value_name = "FILE", conflicts_with = "manifests")]
+    pub rules: Option<PathBuf>,
+    /// With manifests: a KubeProxyConfiguration file, as for `render`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// With manifests: the node name to act as, as for `render`.
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// With manifests: a host interface address, as for `render` (repeatable).
+    #[arg(long = "interface-address", value_name = "IP")]
+    pub interface_addresses: Vec<IpAddr>,
+    /// With manifests: the iptables version to assume, as for `render`.
+    #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
+    pub iptables_version: String,
+    /// YAML manifests to render the rules from, as for `render`.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
+    /// With manifests: a later snapshot, as for `render` (repeatable).
+    #[arg(long = "then", value_name = "MANIFEST", requires = "manifests")]
+    pub then: Vec<PathBuf>,
+    /// The family of the rules (default: the family of --dst).
+    #[arg(long, value_enum)]
+    pub ip_family: Option<IpFamilyArg>,
+    /// An address of the node, for `addrtype LOCAL` (repeatable; default: the live node's
+    /// interface addresses, or with manifests the node's addresses as `render` resolves them).
+    #[arg(long = "local-address", value_name = "IP")]
+    pub local_addresses: Vec<IpAddr>,
+    /// Source address of the packet (one of the node's: locally generated).
+    #[arg(long, value_name = "IP")]
+    pub src: IpAddr,
+    /// Destination address.
+    #[arg(long, value_name = "IP")]
+    pub dst: IpAddr,
+    /// Destination port.
+    #[arg(long, value_name = "PORT")]
+    pub dport: u16,
+    /// Protocol.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub proto: ProtoArg,
+    /// The interface the packet arrives on, for rules matching `-i`.
+    #[arg(long, value_name = "NAME")]
+    pub in_interface: Option<String>,
+    /// The interface the packet leaves by, for rules matching `-o`.
+    #[arg(long, value_name = "NAME")]
+    pub out_interface: Option<String>,
+    /// Print one JSON object: {"verdict", "destinations": [{"address", "probability",
+    /// "masquerade"}], "path": [...]}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceCmdError {
+    #[error("{path}: {source}")]
+    ReadRules { path: String, source: std::io::Error },
+    #[error("{source_name}: {source}")]
+    Rules { source_name: String, source: LoadError },
+    #[error(transparent)]
+    Render(#[from] RenderCmdError),
+    #[error("--{flag} {ip} is not an {family} address")]
+    Family { flag: &'static str, ip: IpAddr, family: IpFamily },
+    #[error("failed to read the node's rules: {0}")]
+    Live(String),
+    #[error("failed to read the node's addresses: {0}")]
+    Addresses(std::io::Error),
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error("failed to write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl TraceCmdError {
+    /// 2 for bad input (flags, files, rules text, manifests); 1 when the trace itself could
+    /// not be completed (a rule it cannot evaluate, the node unreachable).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            TraceCmdError::ReadRules { .. } | TraceCmdError::Rules { .. } | TraceCmdError::Family { .. } => 2,
+            TraceCmdError::Render(e) => u8::try_from(e.exit_code()).unwrap_or(1),
+            _ => 1,
+        }
+    }
+}
+
+/// Where the live node's rules and addresses come from (real: iptables-save and /proc).
+pub trait LiveNode {
+    /// `iptables-save` of nat and filter for `family`.
+    fn rules(&self, family: IpFamily) -> Result<String, String>;
+    fn addresses(&self) -> std::io::Result<Vec<IpAddr>>;
+}
+
+/// The node this process runs on.
+pub struct RealNode;
+
+impl LiveNode for RealNode {
+    fn rules(&self, family: IpFamily) -> Result<String, String> {
+        let exec: Arc<dyn Exec> = Arc::new(RealExec);
+        save_tables(crate::app::iptables_runners(exec).iter().find(|r| r.family() == family), family)
+    }
+
+    fn addresses(&self) -> std::io::Result<Vec<IpAddr>> {
+        crate::app::HostInterfaces.interface_addrs()
+    }
+}
+
+/// `iptables-save -t nat` and `-t filter` through `ipt`.
+pub fn save_tables(ipt: Option<&impl Iptables>, family: IpFamily) -> Result<String, String> {
+    let Some(ipt) = ipt.filter(|i| i.present()) else {
+        return Err(format!("iptables for {family} is not available on this node"));
+    };
+    let mut out = Vec::new();
+    for table in [Table::Nat, Table::Filter] {
+        ipt.save_into(table, &mut out).map_err(|e| e.to_string())?;
+    }
+    String::from_utf8(out).map_err(|e| format!("iptables-save output is not UTF-8: {e}"))
+}
+
+fn family_of(ip: IpAddr) -> IpFamily {
+    if ip.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 }
+}
+
+/// The rules text to trace through and the node's addresses, from the flags.
+pub fn load_rules(args: &TraceArgs, node: &dyn LiveNode) -> Result<(RuleSet, Vec<IpAddr>), TraceCmdError> {
+    let family = match args.ip_family {
+        Some(IpFamilyArg::Ipv4) => IpFamily::V4,
+        Some(IpFamilyArg::Ipv6) => IpFamily::V6,
+        None => family_of(args.dst),
+    };
+    for (flag, ip) in [("src", args.src), ("dst", args.dst)] {
+        if family_of(ip) != family {
+            return Err(TraceCmdError::Family { flag, ip, family });
+        }
+    }
+    let (source_name, text, rendered_local) = if let Some(path) = &args.rules {
+        let name = path.display().to_string();
+        let text = read_rules(path).map_err(|source| TraceCmdError::ReadRules { path: name.clone(), source })?;
+        (name, text, None)
+    } else if !args.manifests.is_empty() {
+        let render_args = RenderArgs {
+            config: args.config.clone(),
+            hostname_override: args.hostname_override.clone(),
+            ip_family: if family == IpFamily::V4 { IpFamilyArg::Ipv4 } else { IpFamilyArg::Ipv6 },
+            interface_addresses: args.interface_addresses.clone(),
+            iptables_version: args.iptables_version.clone(),
+            manifests: args.manifests.clone(),
+            then: args.then.clone(),
+        };
+        let mut buf = Vec::new();
+        let rendered = render::run_node(&render_args, &mut buf)?;
+        ("rendered rules".to_string(), String::from_utf8_lossy(&buf).into_owned(), Some(rendered.local_addresses()))
+    } else {
+        ("the node's rules".to_string(), node.rules(family).map_err(TraceCmdError::Live)?, None)
+    };
+    let mut rules = RuleSet::parse(&text).map_err(|source| TraceCmdError::Rules { source_name, source })?;
+    rules.assume_jump_rules_if_missing();
+    let local = if !args.local_addresses.is_empty() {
+        args.local_addresses.clone()
+    } else if let Some(local) = rendered_local {
+        local
+    } else {
+        node.addresses().map_err(TraceCmdError::Addresses)?
+    };
+    Ok((rules, local))
+}
+
+fn read_rules(path: &std::path::Path) -> std::io::Result<String> {
+    if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        Ok(s)
+    } else {
+        std::fs::read_to_string(path)
+    }
+}
+
+/// Runs `trace`, printing the result to `out`.
+pub fn run(args: &TraceArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<(), TraceCmdError> {
+    let (rules, local) = load_rules(args, node)?;
+    let pkt = Packet {
+        src: args.src,
+        dst: args.dst,
+        dport: args.dport,
+        proto: match args.proto {
+            ProtoArg::Tcp => Proto::Tcp,
+            ProtoArg::Udp => Proto::Udp,
+            ProtoArg::Sctp => Proto::Sctp,
+        },
+        in_interface: args.in_interface.clone(),
+        out_interface: args.out_interface.clone(),
+    };
+    let result = crate::trace::trace(&rules, &pkt, &local)?;
+    if args.json {
+        writeln!(out, "{}", result.to_json())?;
+    } else {
+        out.write_all(result.to_human().as_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
+}

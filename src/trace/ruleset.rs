@@ -1,0 +1,296 @@
+//! Rules as the kernel would hold them after loading a text: `iptables-save` output, or
+//! `iptables-restore` input applied in order (several syncs of `render --then` included:
+//! a chain declaration flushes the chain, `-X` deletes it, as `iptables-restore --noflush`).
+//!
+//! Every rule is parsed up front, so a malformed line fails the load naming its line; rules
+//! the tracer does not model are kept with the reason and reported only if a packet reaches
+//! them (see [`super::rule`]).
+
+use std::collections::HashMap;
+
+use super::rule::{Rule, RuleError, parse_rule};
+use crate::proxier::JUMP_CHAINS;
+
+/// Why a rules text did not load. Always names the 1-based line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {reason}: {text}")]
+pub struct LoadError {
+    pub line: usize,
+    pub text: String,
+    pub reason: String,
+}
+
+/// One rule of a chain.
+#[derive(Debug, Clone)]
+pub struct LoadedRule {
+    /// 1-based line in the loaded text; `None` for an assumed jump rule.
+    pub line: Option<usize>,
+    /// The full `-A CHAIN ...` line as written.
+    pub text: String,
+    /// The parsed rule, or why the tracer cannot evaluate it.
+    pub parsed: Result<Rule, String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Chain {
+    /// `ACCEPT`/`DROP` for built-in chains, `None` for user chains.
+    pub policy: Option<String>,
+    pub rules: Vec<LoadedRule>,
+}
+
+/// The built-in chains of a table (they exist without being declared).
+pub fn builtin_chains(table: &str) -> &'static [&'static str] {
+    match table {
+        "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
+        "filter" => &["INPUT", "FORWARD", "OUTPUT"],
+        "mangle" => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
+        "raw" => &["PREROUTING", "OUTPUT"],
+        _ => &[],
+    }
+}
+
+/// All tables of a loaded text.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSet {
+    tables: HashMap<String, HashMap<String, Chain>>,
+    /// Whether the jump rules from the built-in chains were assumed (see
+    /// [`RuleSet::assume_jump_rules_if_missing`]).
+    pub assumed_jumps: bool,
+}
+
+impl RuleSet {
+    /// Loads `text` (see the module docs).
+    pub fn parse(text: &str) -> Result<RuleSet, LoadError> {
+        let mut set = RuleSet::default();
+        let mut current: Option<(String, usize)> = None;
+        for (index, raw) in text.split('\n').enumerate() {
+            let line_no = index + 1;
+            let mut line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let err = |reason: &str| LoadError { line: line_no, text: line.to_string(), reason: reason.to_string() };
+            // `iptables-save -c` prefixes rules with their counters.
+            if line.starts_with('[')
+                && let Some((_, rest)) = line.split_once(']')
+            {
+                line = rest.trim_start();
+            }
+            if let Some(name) = line.strip_prefix('*') {
+                if let Some((open, at)) = &current {
+                    return Err(err(&format!("table {open} (line {at}) has no COMMIT before the next table")));
+                }
+                if name.is_empty() {
+                    return Err(err("empty table name"));
+                }
+                let chains = set.tables.entry(name.to_string()).or_default();
+                for b in builtin_chains(name) {
+                    chains
+                        .entry((*b).to_string())
+                        .or_insert_with(|| Chain { policy: Some("ACCEPT".into()), rules: vec![] });
+                }
+                current = Some((name.to_string(), line_no));
+                continue;
+            }
+            let Some((table, _)) = &current else {
+                return Err(err("expected a table (\"*nat\", \"*filter\") before this line"));
+            };
+            let chains = set.tables.get_mut(table).expect("current table exists");
+            let is_builtin = |c: &str| builtin_chains(table).contains(&c);
+            if line == "COMMIT" {
+                current = None;
+            } else if let Some(decl) = line.strip_prefix(':') {
+                let mut parts = decl.split_whitespace();
+                let (Some(name), Some(policy)) = (parts.next(), parts.next()) else {
+                    return Err(err("bad chain declaration (expected \":NAME POLICY [packets:bytes]\")"));
+                };
+                let policy = match policy {
+                    "-" if !is_builtin(name) => None,
+                    "ACCEPT" | "DROP" if is_builtin(name) => Some(policy.to_string()),
+                    _ => return Err(err(&format!("bad policy {policy:?} for chain {name}"))),
+                };
+                // Declaring a chain flushes it (restore input); in save output it is new.
+                chains.insert(name.to_string(), Chain { policy, rules: vec![] });
+            } else if let Some(rest) = line.strip_prefix("-A ").or_else(|| line.strip_prefix("-I ")) {
+                let insert = line.starts_with("-I");
+                let (chain, mut body) = rest.split_once(' ').unwrap_or((rest, ""));
+                let mut position = None;
+                if insert
+                    && let Some((n, after)) = body.split_once(' ')
+                    && let Ok(n) = n.parse::<usize>()
+                {
+                    position = Some(n.saturating_sub(1));
+                    body = after;
+                }
+                let Some(c) = chains.get_mut(chain) else {
+                    return Err(err(&format!("chain {chain} is not declared in table {table}")));
+                };
+                let parsed = match parse_rule(body) {
+                    Ok(rule) => Ok(rule),
+                    Err(RuleError::Unsupported(reason)) => Err(reason),
+                    Err(RuleError::Syntax(reason)) => return Err(err(&format!("bad rule: {reason}"))),
+                };
+                let text = if insert { format!("-A {chain} {body}") } else { line.to_string() };
+                let rule = LoadedRule { line: Some(line_no), text, parsed };
+                if insert {
+                    let at = position.unwrap_or(0).min(c.rules.len());
+                    c.rules.insert(at, rule);
+                } else {
+                    c.rules.push(rule);
+                }
+            } else if let Some(name) = line.strip_prefix("-X ") {
+                let name = name.trim();
+                if is_builtin(name) {
+                    return Err(err("cannot delete a built-in chain"));
+                }
+                chains.remove(name);
+            } else if let Some(name) = line.strip_prefix("-F ") {
+                match chains.get_mut(name.trim()) {
+                    Some(c) => c.rules.clear(),
+                    None => return Err(err(&format!("chain {} is not declared in table {table}", name.trim()))),
+                }
+            } else if let Some(name) = line.strip_prefix("-N ") {
+                chains.entry(name.trim().to_string()).or_default();
+            } else {
+                return Err(err("not a table, chain declaration, rule or COMMIT"));
+            }
+        }
+        if let Some((table, at)) = current {
+            return Err(LoadError {
+                line: at,
+                text: format!("*{table}"),
+                reason: format!("table {table} has no COMMIT line"),
+            });
+        }
+        Ok(set)
+    }
+
+    pub fn chain(&self, table: &str, chain: &str) -> Option<&Chain> {
+        self.tables.get(table)?.get(chain)
+    }
+
+    /// The chains of `table` (none if the text has no such table), in no particular order.
+    pub fn chains(&self, table: &str) -> impl Iterator<Item = (&str, &Chain)> {
+        self.tables.get(table).into_iter().flat_map(|t| t.iter().map(|(n, c)| (n.as_str(), c)))
+    }
+
+    pub fn has_table(&self, table: &str) -> bool {
+        self.tables.contains_key(table)
+    }
+
+    /// Number of rules in all tables.
+    pub fn rule_count(&self) -> usize {
+        self.tables.values().flat_map(|t| t.values()).map(|c| c.rules.len()).sum()
+    }
+
+    /// Whether any built-in chain of nat or filter has a rule.
+    pub fn has_builtin_rules(&self) -> bool {
+        ["nat", "filter"]
+            .iter()
+            .any(|t| builtin_chains(t).iter().any(|c| self.chain(t, c).is_some_and(|c| !c.rules.is_empty())))
+    }
+
+    /// A render or restore file holds only our chains: add the jump rules kube-proxy ensures
+    /// in the built-in chains (upstream `iptablesJumpChains`, each inserted at the top, so
+    /// the last of the list comes first), for the chains the text declares.
+    pub fn assume_jump_rules_if_missing(&mut self) {
+        if self.has_builtin_rules() {
+            return;
+        }
+        for jump in JUMP_CHAINS.iter().rev() {
+            let table = jump.table.as_str();
+            let Some(chains) = self.tables.get_mut(table) else { continue };
+            if !chains.contains_key(jump.dst) {
+                continue;
+            }
+            let words: Vec<String> = jump.args().iter().map(|a| quote(a)).collect();
+            let body = words.join(" ");
+            let parsed = parse_rule(&body).map_err(|e| e.to_string());
+            let src = chains.entry(jump.src.to_string()).or_default();
+            src.rules.push(LoadedRule { line: None, text: format!("-A {} {body}", jump.src), parsed });
+            self.assumed_jumps = true;
+        }
+    }
+}
+
+fn quote(word: &str) -> String {
+    if word.contains(' ') { format!("\"{word}\"") } else { word.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_save_output_with_policies_and_counters() {
+        let text = "# Generated by iptables-save\n*filter\n:INPUT ACCEPT [1:2]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\n[5:300] -A FORWARD -j KUBE-FORWARD\nCOMMIT\n";
+        let set = RuleSet::parse(text).unwrap();
+        assert_eq!(set.chain("filter", "FORWARD").unwrap().policy.as_deref(), Some("DROP"));
+        let rules = &set.chain("filter", "FORWARD").unwrap().rules;
+        assert_eq!(rules[0].text, "-A FORWARD -j KUBE-FORWARD");
+        assert_eq!(rules[0].line, Some(7));
+        assert!(set.has_builtin_rules());
+    }
+
+    #[test]
+    fn restore_input_applies_in_order() {
+        let text = "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-A KUBE-A -j KUBE-B\n-A KUBE-B -j RETURN\nCOMMIT\n\
+                    *nat\n:KUBE-A - [0:0]\n-A KUBE-A -j RETURN\n-X KUBE-B\nCOMMIT\n";
+        let set = RuleSet::parse(text).unwrap();
+        assert_eq!(set.chain("nat", "KUBE-A").unwrap().rules.len(), 1);
+        assert_eq!(set.chain("nat", "KUBE-A").unwrap().rules[0].line, Some(9));
+        assert!(set.chain("nat", "KUBE-B").is_none());
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let cases = [
+            ("*nat\n:KUBE-A - [0:0]\n-A KUBE-A -d 10.0.0.300 -j X\nCOMMIT\n", 3),
+            ("*nat\n:KUBE-A - [0:0]\n-A KUBE-B -j X\nCOMMIT\n", 3),
+            ("*nat\n:KUBE-A - [0:0]\nhello\nCOMMIT\n", 3),
+            ("\n\n-A KUBE-A -j X\n", 3),
+            ("*nat\n:KUBE-A - [0:0]\n", 1),
+            ("*nat\n:KUBE-A - [0:0]\n-A KUBE-A -m comment --comment \"open -j X\nCOMMIT\n", 3),
+        ];
+        for (text, line) in cases {
+            let e = RuleSet::parse(text).unwrap_err();
+            assert_eq!(e.line, line, "{text:?}: {e}");
+            assert!(e.to_string().starts_with(&format!("line {line}: ")), "{e}");
+        }
+    }
+
+    #[test]
+    fn unsupported_rules_load_and_carry_the_reason() {
+        let text = "*filter\n:KUBE-A - [0:0]\n-A KUBE-A -m set --match-set x src -j DROP\nCOMMIT\n";
+        let set = RuleSet::parse(text).unwrap();
+        let rule = &set.chain("filter", "KUBE-A").unwrap().rules[0];
+        assert!(rule.parsed.as_ref().unwrap_err().contains("-m set"));
+    }
+
+    #[test]
+    fn jump_rules_are_assumed_only_without_builtin_rules() {
+        let text = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\nCOMMIT\n*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\nCOMMIT\n";
+        let mut set = RuleSet::parse(text).unwrap();
+        set.assume_jump_rules_if_missing();
+        assert!(set.assumed_jumps);
+        let pre: Vec<&str> = set.chain("nat", "PREROUTING").unwrap().rules.iter().map(|r| r.text.as_str()).collect();
+        assert_eq!(pre, vec![r#"-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#]);
+        // Inserted at the top one by one: the firewall jump ends up first in FORWARD.
+        let fwd: Vec<String> = set
+            .chain("filter", "FORWARD")
+            .unwrap()
+            .rules
+            .iter()
+            .map(|r| r.text.rsplit(' ').next().unwrap().to_string())
+            .collect();
+        assert_eq!(fwd, vec!["KUBE-PROXY-FIREWALL", "KUBE-FORWARD", "KUBE-SERVICES"]);
+        assert!(set.chain("filter", "FORWARD").unwrap().rules.iter().all(|r| r.parsed.is_ok()));
+
+        let mut live = RuleSet::parse(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n",
+        )
+        .unwrap();
+        live.assume_jump_rules_if_missing();
+        assert!(!live.assumed_jumps);
+    }
+}
