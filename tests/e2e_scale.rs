@@ -145,16 +145,22 @@ async fn run_daemon(
     let mut args = daemon_args(&dir.kubeconfig(server), NODE);
     args.extend(["--iptables-min-sync-period=1s".into(), "--iptables-sync-period=30s".into(), "--v=2".into()]);
     let started = Instant::now();
-    let daemon = DaemonProcess::start(node_ns, &args, dir.path().join("daemon.log"), &[("PATH", &path)]);
+    // As the DaemonSet runs it (deploy/kube-proxy-rs.yaml).
+    let env = [("PATH", path.as_str()), ("MALLOC_MMAP_THRESHOLD_", "131072")];
+    let daemon = DaemonProcess::start(node_ns, &args, dir.path().join("daemon.log"), &env);
     let pid = daemon.pid();
 
+    // Programmed once the full sync that wrote the cluster has completed (its restore puts
+    // KUBE-SERVICES last, so no chain probe tells earlier that every service is reachable).
     let last = services - 1;
     let last_chain = endpoint_chain(last, &synthetic::slice(last, ENDPOINTS, 0).endpoints[0].addresses[0]);
     let limit = Duration::from_secs(1800);
-    while !backend.chain_exists(node_ns, &last_chain) {
+    let full_sync_done = |log: &str| sync_phases(log).iter().any(|p| p.0 && p.5 > 100_000);
+    while !full_sync_done(&daemon.log_text()) {
         assert!(started.elapsed() < limit, "not programmed within {limit:?}\n{}", daemon.log_text());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(backend.chain_exists(node_ns, &last_chain), "the last service's endpoint chain exists");
     let programmed = started.elapsed();
     // Let the first sync's follow-ups settle before measuring single changes.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -169,6 +175,8 @@ async fn run_daemon(
         let i = (k * 7919) % services;
         let (slice, ip) = one_endpoint_changed(i, k);
         let chain = endpoint_chain(i, &ip);
+        let syncs = |log: &str| log.matches("sync complete").count();
+        let before = syncs(&daemon.log_text());
         let changed = Instant::now();
         server.update(&slice);
         while !backend.chain_exists(node_ns, &chain) {
@@ -177,9 +185,14 @@ async fn run_daemon(
         }
         latencies.push(changed.elapsed());
         changed_chains.push(chain);
-        // Put it back (also a change) and let minSyncPeriod pass so changes arrive one at a
-        // time, as the stream does.
+        // Put it back (also a change), wait until that is synced too, and let minSyncPeriod
+        // pass, so every change arrives alone at an idle proxier, as the stream does.
         server.update(&synthetic::slice(i, ENDPOINTS, 0));
+        let put_back = Instant::now();
+        while syncs(&daemon.log_text()) < before + 2 {
+            assert!(put_back.elapsed() < Duration::from_secs(120), "put-back {k} never synced\n{}", daemon.log_text());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         tokio::time::sleep(Duration::from_millis(1_200)).await;
     }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
@@ -190,6 +203,9 @@ async fn run_daemon(
         .unwrap_or(0);
     let log = daemon.log_text();
     drop(daemon);
+    if let Ok(keep) = std::env::var("KPR_KEEP_LOG") {
+        let _ = std::fs::write(&keep, &log);
+    }
     ScaleRun {
         programmed,
         latencies,
@@ -217,8 +233,9 @@ fn full_payload(dir: &TempDir, services: usize) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
-/// The sync phases the daemon logged (`sync complete` lines at -v 2).
-fn sync_phases(log: &str) -> Vec<(bool, u64, u64, u64, u64)> {
+/// The sync phases the daemon logged (`sync complete` lines at -v 2): full, elapsed, read,
+/// render and restore milliseconds, payload bytes.
+fn sync_phases(log: &str) -> Vec<(bool, u64, u64, u64, u64, u64)> {
     let field = |line: &str, name: &str| -> Option<u64> {
         let at = line.find(&format!("{name}="))? + name.len() + 1;
         line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
@@ -232,6 +249,7 @@ fn sync_phases(log: &str) -> Vec<(bool, u64, u64, u64, u64)> {
                 field(l, "read_ms")?,
                 field(l, "render_ms")?,
                 field(l, "restore_ms")?,
+                field(l, "bytes")?,
             ))
         })
         .collect()
@@ -305,52 +323,27 @@ async fn scale_benchmark() {
     let mut lat = run.latencies.clone();
     lat.sort();
     let phases = sync_phases(&run.log);
-    let first = phases.iter().find(|p| p.0).copied();
+    // The full sync that wrote the cluster (one may run first, before the lists arrived).
+    let first = phases.iter().filter(|p| p.0).max_by_key(|p| p.5).copied();
     let partial: Vec<_> = phases.iter().filter(|p| !p.0).collect();
     let median = |mut v: Vec<u64>| {
         v.sort_unstable();
         v.get(v.len() / 2).copied().unwrap_or(0)
     };
 
-    // Upstream's way on the same state, same run: one save of the programmed node, and one
-    // restore of the full payload into a fresh namespace.
-    let save_bin = format!("iptables-{}-save", backend.name());
-    let t = Instant::now();
-    let saved = node_ns.run(&["sh", "-c", &format!("{save_bin} -t nat > /dev/null")]);
-    let save_time = t.elapsed();
-    let payload = full_payload(&dir, services);
-    let body: String = payload.lines().filter(|l| !l.starts_with("# sync")).map(|l| format!("{l}\n")).collect();
-    let fresh = Netns::create("bench-up");
-    let restore_bin = format!("iptables-{}-restore", backend.name());
-    let input = dir.path().join("payload");
-    std::fs::write(&input, &body).expect("payload");
-    let t = Instant::now();
-    let restored = fresh.run(&[
-        "timeout",
-        &upstream_limit.as_secs().to_string(),
-        "sh",
-        "-c",
-        &format!("{restore_bin} --noflush < '{}'", input.display()),
-    ]);
-    let restore_time = t.elapsed();
-    let restore_note = if restored.success() {
-        format!("{:.1} s", restore_time.as_secs_f64())
-    } else {
-        format!("> {} s (stopped)", upstream_limit.as_secs())
-    };
-
     eprintln!("== scale benchmark: {services} services x {ENDPOINTS} endpoints, {} ==", backend.name());
     eprintln!("programmed (start -> last service in the kernel): {:.1} s", run.programmed.as_secs_f64());
-    if let Some((_, total, read, render, restore)) = first {
-        eprintln!("first sync: {total} ms (read {read} ms, render {render} ms, restore {restore} ms)");
+    if let Some((_, total, read, render, restore, bytes)) = first {
+        eprintln!("full sync: {total} ms (read {read} ms, render {render} ms, restore {restore} ms, {bytes} bytes)");
     }
     eprintln!(
-        "partial syncs ({}): median {} ms (read {} ms, render {} ms, restore {} ms)",
+        "partial syncs ({}): median {} ms (read {} ms, render {} ms, restore {} ms), max {} ms",
         partial.len(),
         median(partial.iter().map(|p| p.1).collect()),
         median(partial.iter().map(|p| p.2).collect()),
         median(partial.iter().map(|p| p.3).collect()),
         median(partial.iter().map(|p| p.4).collect()),
+        partial.iter().map(|p| p.1).max().unwrap_or(0),
     );
     eprintln!(
         "network programming latency ({} changes): p50 {:.3} s, p99 {:.3} s, max {:.3} s (probe alone {:.3} s)",
@@ -362,11 +355,42 @@ async fn scale_benchmark() {
     );
     eprintln!("peak RSS: {:.1} MB", run.peak_rss_kb as f64 / 1024.0);
     eprintln!("nat table reads with iptables-save during the run: {}", nat_reads(&run.save_calls).len());
+    // Upstream's way on the same state, same run: one save of the programmed node, and one
+    // restore of the full payload into a fresh namespace (each may take minutes on nft).
+    let in_ns = |ns: &Netns, script: &str| {
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.name, "timeout", &upstream_limit.as_secs().to_string(), "sh", "-c", script])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let save_bin = format!("iptables-{}-save", backend.name());
+    let t = Instant::now();
+    let saved = in_ns(&node_ns, &format!("{save_bin} -t nat > /dev/null"));
+    let save_time = t.elapsed();
+    let save_note = if saved {
+        format!("{:.1} s", save_time.as_secs_f64())
+    } else {
+        format!("failed or stopped after {:.1} s", save_time.as_secs_f64())
+    };
+    let payload = full_payload(&dir, services);
+    let body: String = payload.lines().filter(|l| !l.starts_with("# sync")).map(|l| format!("{l}\n")).collect();
+    let fresh = Netns::create("bench-up");
+    let restore_bin = format!("iptables-{}-restore", backend.name());
+    let input = dir.path().join("payload");
+    std::fs::write(&input, &body).expect("payload");
+    let t = Instant::now();
+    let restored = in_ns(&fresh, &format!("{restore_bin} --noflush < '{}'", input.display()));
+    let restore_time = t.elapsed();
+    let restore_note = if restored {
+        format!("{:.1} s", restore_time.as_secs_f64())
+    } else {
+        format!("failed or stopped after {:.1} s (limit {} s)", restore_time.as_secs_f64(), upstream_limit.as_secs())
+    };
+
     eprintln!(
-        "upstream's way, same state: one {restore_bin} --noflush of the full payload ({} bytes): {restore_note}; one {save_bin} -t nat: {:.1} s{}",
+        "upstream's way, same state: one {restore_bin} --noflush of the full payload ({} bytes): {restore_note}; one {save_bin} -t nat: {save_note}",
         body.len(),
-        save_time.as_secs_f64(),
-        if saved.success() { "" } else { " (failed)" }
     );
     assert_eq!(lat.len(), changes);
 }

@@ -29,12 +29,36 @@ use std::collections::{HashMap, HashSet};
 /// list walk of a piece (~20 ms) is comparable to its fixed cost.
 pub const DEFAULT_BUDGET: u64 = 8_000_000;
 
-/// One `iptables-restore` input of a split restore.
+/// One `iptables-restore` input of a split restore, as the numbers of the original lines it
+/// holds (its text is built only when it is restored: at 10k services the input is 34 MB,
+/// and a second copy of all of it would double the sync's peak memory).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {
-    pub data: Vec<u8>,
-    /// For each line of `data` (index 0 = line 1), its line number in the original input.
+    /// For each line of the piece (index 0 = line 1), its line number in the original input.
     original_lines: Vec<usize>,
+}
+
+/// The pieces of a split restore of one input.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    input: &'a [u8],
+    /// Byte range of each line of `input` (index 0 = line 1), without its newline.
+    line_ranges: Vec<(usize, usize)>,
+    pub pieces: Vec<Piece>,
+}
+
+impl Plan<'_> {
+    /// The text of `piece`, one newline-terminated line per original line.
+    pub fn text(&self, piece: &Piece) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &n in &piece.original_lines {
+            if let Some(&(start, end)) = n.checked_sub(1).and_then(|i| self.line_ranges.get(i)) {
+                out.extend_from_slice(&self.input[start..end]);
+            }
+            out.push(b'\n');
+        }
+        out
+    }
 }
 
 impl Piece {
@@ -60,7 +84,20 @@ pub fn cost(data: &[u8]) -> u64 {
 
 /// The pieces to restore one after the other in place of `data`, or `None` when `data` is
 /// best restored as it is (within budget, or not of a shape this module understands).
-pub fn split(data: &[u8], budget: u64) -> Option<Vec<Piece>> {
+pub fn split(data: &[u8], budget: u64) -> Option<Plan<'_>> {
+    let pieces = split_pieces(data, budget)?;
+    let mut line_ranges = Vec::new();
+    let mut start = 0;
+    for line in data.split(|&b| b == b'\n') {
+        let end = start + line.len();
+        let trimmed = if line.ends_with(b"\r") { end - 1 } else { end };
+        line_ranges.push((start, trimmed));
+        start = end + 1;
+    }
+    Some(Plan { input: data, line_ranges, pieces })
+}
+
+fn split_pieces(data: &[u8], budget: u64) -> Option<Vec<Piece>> {
     let tables = parse(data)?;
     if tables.iter().all(|t| t.cost() <= budget) {
         return None;
@@ -235,25 +272,22 @@ impl<'a> Packing<'a> {
 }
 
 struct PieceBuilder {
-    data: Vec<u8>,
     original_lines: Vec<usize>,
 }
 
 impl PieceBuilder {
     fn new(header: &Line<'_>) -> Self {
-        let mut b = PieceBuilder { data: Vec::new(), original_lines: Vec::new() };
+        let mut b = PieceBuilder { original_lines: Vec::new() };
         b.push(header);
         b
     }
 
     fn push(&mut self, line: &Line<'_>) {
-        self.data.extend_from_slice(line.text.as_bytes());
-        self.data.push(b'\n');
         self.original_lines.push(line.number);
     }
 
     fn finish(self) -> Piece {
-        Piece { data: self.data, original_lines: self.original_lines }
+        Piece { original_lines: self.original_lines }
     }
 }
 
@@ -384,8 +418,11 @@ fn parse(data: &[u8]) -> Option<Vec<TableText<'_>>> {
 mod tests {
     use super::*;
 
-    fn text(p: &Piece) -> &str {
-        std::str::from_utf8(&p.data).unwrap()
+    /// The pieces' texts of a split of `PAYLOAD`.
+    fn texts(budget: u64) -> Option<(Vec<String>, Vec<Piece>)> {
+        let plan = split(PAYLOAD.as_bytes(), budget)?;
+        let texts = plan.pieces.iter().map(|p| String::from_utf8(plan.text(p)).unwrap()).collect();
+        Some((texts, plan.pieces))
     }
 
     const PAYLOAD: &str = "*filter
@@ -416,14 +453,13 @@ COMMIT
 
     #[test]
     fn within_budget_nothing_is_split() {
-        assert_eq!(split(PAYLOAD.as_bytes(), 1_000_000), None);
+        assert!(split(PAYLOAD.as_bytes(), 1_000_000).is_none());
         assert!(cost(PAYLOAD.as_bytes()) > 0);
     }
 
     #[test]
     fn pieces_go_bottom_up_with_deletions_last_and_lines_map_back() {
-        let pieces = split(PAYLOAD.as_bytes(), 1).expect("split");
-        let texts: Vec<&str> = pieces.iter().map(text).collect();
+        let (texts, pieces) = texts(1).expect("split");
         assert_eq!(texts[0], "*filter\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j REJECT\nCOMMIT\n");
         // Budget 1: one chain per piece, leaves first.
         let order: Vec<&str> = texts[1..]
@@ -448,7 +484,7 @@ COMMIT
             ]
         );
         // Line numbers map back to the original.
-        let svc = pieces.iter().find(|p| text(p).contains(":KUBE-SVC-A ")).unwrap();
+        let svc = &pieces[texts.iter().position(|t| t.contains(":KUBE-SVC-A ")).unwrap()];
         assert_eq!(svc.original_line(1), Some(5));
         assert_eq!(svc.original_line(2), Some(8));
         assert_eq!(svc.original_line(3), Some(15));
@@ -459,10 +495,10 @@ COMMIT
     #[test]
     fn every_line_is_restored_exactly_once() {
         for budget in [1, 10, 40, 100, 1000] {
-            let pieces = split(PAYLOAD.as_bytes(), budget).unwrap_or_else(|| vec![parse_whole()]);
+            let (texts, pieces) = texts(budget).unwrap_or_else(|| (vec![PAYLOAD.to_string()], vec![parse_whole()]));
             let mut seen: Vec<usize> = Vec::new();
-            for p in &pieces {
-                for (i, line) in text(p).lines().enumerate() {
+            for (p, text) in pieces.iter().zip(&texts) {
+                for (i, line) in text.lines().enumerate() {
                     if line.starts_with('*') || line == "COMMIT" {
                         continue;
                     }
@@ -483,13 +519,13 @@ COMMIT
     }
 
     fn parse_whole() -> Piece {
-        Piece { data: PAYLOAD.as_bytes().to_vec(), original_lines: (1..=PAYLOAD.lines().count()).collect() }
+        Piece { original_lines: (1..=PAYLOAD.lines().count()).collect() }
     }
 
     #[test]
     fn larger_budgets_pack_chains_together() {
-        let small = split(PAYLOAD.as_bytes(), 1).unwrap().len();
-        let larger = split(PAYLOAD.as_bytes(), 60).unwrap().len();
+        let small = split(PAYLOAD.as_bytes(), 1).unwrap().pieces.len();
+        let larger = split(PAYLOAD.as_bytes(), 60).unwrap().pieces.len();
         assert!(larger < small, "{larger} < {small}");
     }
 
@@ -502,7 +538,7 @@ COMMIT
             "junk\n",
             "*nat\n:A - [0:0]\n:B - [0:0]\n-A A -j B\n-A B -j A\nCOMMIT\n",
         ] {
-            assert_eq!(split(odd.as_bytes(), 0), None, "{odd:?}");
+            assert!(split(odd.as_bytes(), 0).is_none(), "{odd:?}");
         }
     }
 

@@ -630,18 +630,18 @@ impl Iptables for IptablesRunner {
         counters: RestoreCounters,
         on_step: &mut dyn FnMut(),
     ) -> Result<()> {
-        let pieces = match self.split_budget {
+        let plan = match self.split_budget {
             Some(budget) if self.nf_tables && flush == FlushFlag::NoFlush => super::restore_plan::split(data, budget),
             _ => None,
         };
-        let Some(pieces) = pieces else {
+        let Some(plan) = plan else {
             self.restore_internal(None, data, flush, counters)?;
             on_step();
             return Ok(());
         };
-        tracing::debug!(pieces = pieces.len(), bytes = data.len(), "restoring in pieces");
-        for piece in &pieces {
-            self.restore_internal(None, &piece.data, flush, counters).map_err(|e| match e {
+        tracing::debug!(pieces = plan.pieces.len(), bytes = data.len(), "restoring in pieces");
+        for piece in &plan.pieces {
+            self.restore_internal(None, &plan.text(piece), flush, counters).map_err(|e| match e {
                 IptablesError::RestoreLine { command, line, output } => {
                     IptablesError::RestoreLine { command, line: piece.original_line(line).unwrap_or(line), output }
                 }
