@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{GoDuration, VModuleItem, split_host_port};
+use crate::model::IpFamily;
 use crate::model::ip::parse_ip_sloppy;
 
 /// The version `--version` prints: the crate's version and the git commit it was built from
@@ -274,17 +275,33 @@ pub enum IpFamilyArg {
     Ipv6,
 }
 
-#[derive(Debug, Args)]
-pub struct RenderArgs {
+impl From<IpFamilyArg> for IpFamily {
+    fn from(arg: IpFamilyArg) -> IpFamily {
+        match arg {
+            IpFamilyArg::Ipv4 => IpFamily::V4,
+            IpFamilyArg::Ipv6 => IpFamily::V6,
+        }
+    }
+}
+
+impl From<IpFamily> for IpFamilyArg {
+    fn from(family: IpFamily) -> IpFamilyArg {
+        match family {
+            IpFamily::V4 => IpFamilyArg::Ipv4,
+            IpFamily::V6 => IpFamilyArg::Ipv6,
+        }
+    }
+}
+
+/// How rules are rendered from manifests: the flags `render`, `trace` and `diff` share.
+#[derive(Debug, Clone, Args)]
+pub struct RenderOptions {
     /// KubeProxyConfiguration file; the fields that affect rules are honoured.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The node name to act as (default: the config's hostnameOverride, else the OS hostname).
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
-    /// Which family's rules to render.
-    #[arg(long, value_enum, default_value = "ipv4")]
-    pub ip_family: IpFamilyArg,
     /// A host interface address, used to resolve nodePortAddresses (repeatable; default: the
     /// node's addresses).
     #[arg(long = "interface-address", value_name = "IP")]
@@ -292,6 +309,15 @@ pub struct RenderArgs {
     /// The iptables version to assume (`--random-fully` from 1.6.2 on).
     #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
     pub iptables_version: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    #[command(flatten)]
+    pub options: RenderOptions,
+    /// Which family's rules to render.
+    #[arg(long, value_enum, default_value = "ipv4")]
+    pub ip_family: IpFamilyArg,
     /// YAML manifests (Services, EndpointSlices, Nodes, Lists): the first cluster snapshot.
     #[arg(value_name = "MANIFEST", required = true)]
     pub manifests: Vec<PathBuf>,

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::iptables::runner::Backend;
 use kube_proxy_rs::proxier::chains::endpoint_chain_name;
 use kube_proxy_rs::synthetic::{self, ClusterShape};
 
@@ -31,33 +32,19 @@ use crate::support::netns::Netns;
 const NODE: &str = "node-e2e";
 const ENDPOINTS: usize = 10;
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Backend {
-    Nft,
-    Legacy,
+/// The backend `KPR_BACKEND` names (default nft).
+fn backend_from_env() -> Backend {
+    match std::env::var("KPR_BACKEND").as_deref() {
+        Ok("legacy") => Backend::Legacy,
+        _ => Backend::Nft,
+    }
 }
 
-impl Backend {
-    fn from_env() -> Backend {
-        match std::env::var("KPR_BACKEND").as_deref() {
-            Ok("legacy") => Backend::Legacy,
-            _ => Backend::Nft,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Nft => "nft",
-            Backend::Legacy => "legacy",
-        }
-    }
-
-    /// Whether nat chain `chain` exists in `ns` (a cheap probe, not a whole-table read on nft).
-    fn chain_exists(self, ns: &Netns, chain: &str) -> bool {
-        match self {
-            Backend::Nft => ns.run(&["nft", "list", "chain", "ip", "nat", chain]).success(),
-            Backend::Legacy => ns.run(&["iptables-legacy", "-w", "-t", "nat", "-S", chain]).success(),
-        }
+/// Whether nat chain `chain` exists in `ns` (a cheap probe, not a whole-table read on nft).
+fn chain_exists(backend: Backend, ns: &Netns, chain: &str) -> bool {
+    match backend {
+        Backend::Legacy => ns.run(&["iptables-legacy", "-w", "-t", "nat", "-S", chain]).success(),
+        _ => ns.run(&["nft", "list", "chain", "ip", "nat", chain]).success(),
     }
 }
 
@@ -132,11 +119,7 @@ async fn run_daemon(
         server.create(s);
     }
     // The kubelet's hint chain tells the daemon which backend the node uses.
-    let hint = match backend {
-        Backend::Nft => "iptables-nft",
-        Backend::Legacy => "iptables-legacy",
-    };
-    node_ns.ok(&[hint, "-t", "mangle", "-N", "KUBE-KUBELET-CANARY"]);
+    node_ns.ok(&[&format!("iptables-{backend}"), "-t", "mangle", "-N", "KUBE-KUBELET-CANARY"]);
 
     let bin = dir.path().join("bin");
     let save_log = dir.path().join("save-calls");
@@ -155,18 +138,18 @@ async fn run_daemon(
     let last = services - 1;
     let last_chain = endpoint_chain(last, &synthetic::slice(last, ENDPOINTS, 0).endpoints[0].addresses[0]);
     let limit = Duration::from_secs(1800);
-    let full_sync_done = |log: &str| sync_phases(log).iter().any(|p| p.0 && p.5 > 100_000);
+    let full_sync_done = |log: &str| sync_phases(log).iter().any(|p| p.full && p.bytes > 100_000);
     while !full_sync_done(&daemon.log_text()) {
         assert!(started.elapsed() < limit, "not programmed within {limit:?}\n{}", daemon.log_text());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(backend.chain_exists(node_ns, &last_chain), "the last service's endpoint chain exists");
+    assert!(chain_exists(backend, node_ns, &last_chain), "the last service's endpoint chain exists");
     let programmed = started.elapsed();
     // Let the first sync's follow-ups settle before measuring single changes.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let probe_start = Instant::now();
-    assert!(backend.chain_exists(node_ns, &last_chain));
+    assert!(chain_exists(backend, node_ns, &last_chain));
     let probe = probe_start.elapsed();
 
     let mut latencies = Vec::new();
@@ -179,7 +162,7 @@ async fn run_daemon(
         let before = syncs(&daemon.log_text());
         let changed = Instant::now();
         server.update(&slice);
-        while !backend.chain_exists(node_ns, &chain) {
+        while !chain_exists(backend, node_ns, &chain) {
             assert!(changed.elapsed() < Duration::from_secs(120), "change {k} never programmed\n{}", daemon.log_text());
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -233,9 +216,19 @@ fn full_payload(dir: &TempDir, services: usize) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
-/// The sync phases the daemon logged (`sync complete` lines at -v 2): full, elapsed, read,
-/// render and restore milliseconds, payload bytes.
-fn sync_phases(log: &str) -> Vec<(bool, u64, u64, u64, u64, u64)> {
+/// One sync as the daemon logged it (`sync complete` at -v 2); times in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct SyncPhases {
+    full: bool,
+    elapsed: u64,
+    read: u64,
+    render: u64,
+    restore: u64,
+    bytes: u64,
+}
+
+/// The syncs the daemon logged.
+fn sync_phases(log: &str) -> Vec<SyncPhases> {
     let field = |line: &str, name: &str| -> Option<u64> {
         let at = line.find(&format!("{name}="))? + name.len() + 1;
         line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
@@ -243,14 +236,14 @@ fn sync_phases(log: &str) -> Vec<(bool, u64, u64, u64, u64, u64)> {
     log.lines()
         .filter(|l| l.contains("sync complete"))
         .filter_map(|l| {
-            Some((
-                l.contains("full=true"),
-                field(l, "elapsed_ms")?,
-                field(l, "read_ms")?,
-                field(l, "render_ms")?,
-                field(l, "restore_ms")?,
-                field(l, "bytes")?,
-            ))
+            Some(SyncPhases {
+                full: l.contains("full=true"),
+                elapsed: field(l, "elapsed_ms")?,
+                read: field(l, "read_ms")?,
+                render: field(l, "render_ms")?,
+                restore: field(l, "restore_ms")?,
+                bytes: field(l, "bytes")?,
+            })
         })
         .collect()
 }
@@ -270,7 +263,7 @@ async fn scale_regression_guard() {
     assert!(run.log.contains("restoring in pieces") || run.log.contains("sync complete"), "{}", run.log);
     assert!(nat_reads(&run.save_calls).is_empty(), "the nat table was read whole: {}", run.save_calls);
     let phases = sync_phases(&run.log);
-    assert!(phases.iter().any(|p| p.0), "a full sync was logged: {}", run.log);
+    assert!(phases.iter().any(|p| p.full), "a full sync was logged: {}", run.log);
 
     // The node ends where one upstream-style restore of the same state ends (the last
     // endpoint change was put back, so the state is the synthetic cluster).
@@ -316,7 +309,7 @@ async fn scale_benchmark() {
     let services = env("KPR_SERVICES", 10_000);
     let changes = env("KPR_CHANGES", 30);
     let upstream_limit = Duration::from_secs(env("KPR_UPSTREAM_LIMIT", 900) as u64);
-    let backend = Backend::from_env();
+    let backend = backend_from_env();
     let (_api_ns, node_ns, server) = topology("bench").await;
     let dir = TempDir::new("bench");
     let run = run_daemon(&node_ns, &server, &dir, backend, services, changes).await;
@@ -324,26 +317,29 @@ async fn scale_benchmark() {
     lat.sort();
     let phases = sync_phases(&run.log);
     // The full sync that wrote the cluster (one may run first, before the lists arrived).
-    let first = phases.iter().filter(|p| p.0).max_by_key(|p| p.5).copied();
-    let partial: Vec<_> = phases.iter().filter(|p| !p.0).collect();
+    let first = phases.iter().filter(|p| p.full).max_by_key(|p| p.bytes).copied();
+    let partial: Vec<_> = phases.iter().filter(|p| !p.full).collect();
     let median = |mut v: Vec<u64>| {
         v.sort_unstable();
         v.get(v.len() / 2).copied().unwrap_or(0)
     };
 
-    eprintln!("== scale benchmark: {services} services x {ENDPOINTS} endpoints, {} ==", backend.name());
+    eprintln!("== scale benchmark: {services} services x {ENDPOINTS} endpoints, {} ==", backend.as_str());
     eprintln!("programmed (start -> last service in the kernel): {:.1} s", run.programmed.as_secs_f64());
-    if let Some((_, total, read, render, restore, bytes)) = first {
-        eprintln!("full sync: {total} ms (read {read} ms, render {render} ms, restore {restore} ms, {bytes} bytes)");
+    if let Some(p) = first {
+        eprintln!(
+            "full sync: {} ms (read {} ms, render {} ms, restore {} ms, {} bytes)",
+            p.elapsed, p.read, p.render, p.restore, p.bytes
+        );
     }
     eprintln!(
         "partial syncs ({}): median {} ms (read {} ms, render {} ms, restore {} ms), max {} ms",
         partial.len(),
-        median(partial.iter().map(|p| p.1).collect()),
-        median(partial.iter().map(|p| p.2).collect()),
-        median(partial.iter().map(|p| p.3).collect()),
-        median(partial.iter().map(|p| p.4).collect()),
-        partial.iter().map(|p| p.1).max().unwrap_or(0),
+        median(partial.iter().map(|p| p.elapsed).collect()),
+        median(partial.iter().map(|p| p.read).collect()),
+        median(partial.iter().map(|p| p.render).collect()),
+        median(partial.iter().map(|p| p.restore).collect()),
+        partial.iter().map(|p| p.elapsed).max().unwrap_or(0),
     );
     eprintln!(
         "network programming latency ({} changes): p50 {:.3} s, p99 {:.3} s, max {:.3} s (probe alone {:.3} s)",
@@ -364,7 +360,7 @@ async fn scale_benchmark() {
             .map(|s| s.success())
             .unwrap_or(false)
     };
-    let save_bin = format!("iptables-{}-save", backend.name());
+    let save_bin = format!("iptables-{}-save", backend.as_str());
     let t = Instant::now();
     let saved = in_ns(&node_ns, &format!("{save_bin} -t nat > /dev/null"));
     let save_time = t.elapsed();
@@ -376,7 +372,7 @@ async fn scale_benchmark() {
     let payload = full_payload(&dir, services);
     let body: String = payload.lines().filter(|l| !l.starts_with("# sync")).map(|l| format!("{l}\n")).collect();
     let fresh = Netns::create("bench-up");
-    let restore_bin = format!("iptables-{}-restore", backend.name());
+    let restore_bin = format!("iptables-{}-restore", backend.as_str());
     let input = dir.path().join("payload");
     std::fs::write(&input, &body).expect("payload");
     let t = Instant::now();

@@ -27,7 +27,11 @@ fn trace_stdin(args: &[&str], input: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn kube-proxy-rs trace");
-    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+    // A child that exits without reading all of stdin closes the pipe; its own output and
+    // status, which the tests assert on, then say why.
+    if let Err(e) = child.stdin.take().expect("stdin").write_all(input.as_bytes()) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write stdin: {e}");
+    }
     child.wait_with_output().expect("wait for trace")
 }
 

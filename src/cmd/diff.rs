@@ -10,35 +10,25 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::Args;
 
 use super::render::{self, RenderCmdError};
 use super::trace::LiveNode;
-use crate::cli::{IpFamilyArg, RenderArgs};
+use crate::cli::{IpFamilyArg, RenderArgs, RenderOptions};
 use crate::model::IpFamily;
 use crate::trace::ruleset::{Chain, LoadedRule, builtin_chains};
 use crate::trace::{LoadError, RuleSet};
 
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// A KubeProxyConfiguration file, as for `render`.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// The node name, as for `render`.
-    #[arg(long, value_name = "NAME")]
-    pub hostname_override: Option<String>,
+    /// How the manifests are rendered, as for `render`.
+    #[command(flatten)]
+    pub render: RenderOptions,
     /// Which family's rules to compare.
     #[arg(long, value_enum, default_value = "ipv4")]
     pub ip_family: IpFamilyArg,
-    /// A host interface address, as for `render` (repeatable).
-    #[arg(long = "interface-address", value_name = "IP")]
-    pub interface_addresses: Vec<IpAddr>,
-    /// The iptables version to assume, as for `render`.
-    #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
-    pub iptables_version: String,
     /// The node's rules from a file (iptables-save output of nat and filter) instead of the
     /// live node.
     #[arg(long, value_name = "FILE")]
@@ -229,16 +219,10 @@ pub fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Result<boo
 
 /// Runs `diff`; `Ok(true)` when the rules differ.
 pub fn run(args: &DiffArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<bool, DiffCmdError> {
-    let family = match args.ip_family {
-        IpFamilyArg::Ipv4 => IpFamily::V4,
-        IpFamilyArg::Ipv6 => IpFamily::V6,
-    };
+    let family = IpFamily::from(args.ip_family);
     let render_args = RenderArgs {
-        config: args.config.clone(),
-        hostname_override: args.hostname_override.clone(),
+        options: args.render.clone(),
         ip_family: args.ip_family,
-        interface_addresses: args.interface_addresses.clone(),
-        iptables_version: args.iptables_version.clone(),
         manifests: args.manifests.clone(),
         then: vec![],
     };

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 
-use crate::cli::{IpFamilyArg, RenderArgs};
+use crate::cli::RenderArgs;
 use crate::config::{self, Settings};
 use crate::iptables::chain_tracker::ChainTracker;
 use crate::iptables::runner::{IptablesVersion, RANDOM_FULLY_MIN_VERSION};
@@ -114,13 +114,11 @@ pub fn render_snapshots(
     snapshots: &[Snapshot],
     out: &mut dyn Write,
 ) -> Result<RenderedNode, RenderCmdError> {
-    let settings = load_settings(args.config.as_deref())?;
-    let random_fully = random_fully_supported(&args.iptables_version)?;
-    let family = match args.ip_family {
-        IpFamilyArg::Ipv4 => IpFamily::V4,
-        IpFamilyArg::Ipv6 => IpFamily::V6,
-    };
+    let settings = load_settings(args.options.config.as_deref())?;
+    let random_fully = random_fully_supported(&args.options.iptables_version)?;
+    let family = IpFamily::from(args.ip_family);
     let hostname = args
+        .options
         .hostname_override
         .clone()
         .or_else(|| settings.hostname_override.clone())
@@ -137,10 +135,10 @@ pub fn render_snapshots(
     }
     let node_ips = NodeIps::detect(&node_info.host_ips, Some(settings.bind_address));
     let node_ip = node_ips.get(family);
-    let interface_addrs: Vec<IpAddr> = if args.interface_addresses.is_empty() {
+    let interface_addrs: Vec<IpAddr> = if args.options.interface_addresses.is_empty() {
         node_info.addresses.clone()
     } else {
-        args.interface_addresses.clone()
+        args.options.interface_addresses.clone()
     };
 
     let node_port_cidrs =

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 
 use super::render::{self, RenderCmdError};
-use crate::cli::{IpFamilyArg, RenderArgs};
+use crate::cli::{IpFamilyArg, RenderArgs, RenderOptions};
 use crate::exec::{Exec, RealExec};
 use crate::iptables::{Iptables, Table};
 use crate::model::IpFamily;
@@ -30,18 +30,9 @@ pub struct TraceArgs {
     /// stdin). Without it and without manifests, the live node's rules.
     #[arg(long, value_name = "FILE", conflicts_with = "manifests")]
     pub rules: Option<PathBuf>,
-    /// With manifests: a KubeProxyConfiguration file, as for `render`.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// With manifests: the node name to act as, as for `render`.
-    #[arg(long, value_name = "NAME")]
-    pub hostname_override: Option<String>,
-    /// With manifests: a host interface address, as for `render` (repeatable).
-    #[arg(long = "interface-address", value_name = "IP")]
-    pub interface_addresses: Vec<IpAddr>,
-    /// With manifests: the iptables version to assume, as for `render`.
-    #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
-    pub iptables_version: String,
+    /// With manifests: how they are rendered, as for `render`.
+    #[command(flatten)]
+    pub render: RenderOptions,
     /// YAML manifests to render the rules from, as for `render`.
     #[arg(value_name = "MANIFEST")]
     pub manifests: Vec<PathBuf>,
@@ -150,11 +141,7 @@ fn family_of(ip: IpAddr) -> IpFamily {
 
 /// The rules text to trace through and the node's addresses, from the flags.
 pub fn load_rules(args: &TraceArgs, node: &dyn LiveNode) -> Result<(RuleSet, Vec<IpAddr>), TraceCmdError> {
-    let family = match args.ip_family {
-        Some(IpFamilyArg::Ipv4) => IpFamily::V4,
-        Some(IpFamilyArg::Ipv6) => IpFamily::V6,
-        None => family_of(args.dst),
-    };
+    let family = args.ip_family.map_or_else(|| family_of(args.dst), IpFamily::from);
     for (flag, ip) in [("src", args.src), ("dst", args.dst)] {
         if family_of(ip) != family {
             return Err(TraceCmdError::Family { flag, ip, family });
@@ -166,11 +153,8 @@ pub fn load_rules(args: &TraceArgs, node: &dyn LiveNode) -> Result<(RuleSet, Vec
         (name, text, None)
     } else if !args.manifests.is_empty() {
         let render_args = RenderArgs {
-            config: args.config.clone(),
-            hostname_override: args.hostname_override.clone(),
-            ip_family: if family == IpFamily::V4 { IpFamilyArg::Ipv4 } else { IpFamilyArg::Ipv6 },
-            interface_addresses: args.interface_addresses.clone(),
-            iptables_version: args.iptables_version.clone(),
+            options: args.render.clone(),
+            ip_family: family.into(),
             manifests: args.manifests.clone(),
             then: args.then.clone(),
         };

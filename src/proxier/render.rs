@@ -461,21 +461,19 @@ impl<'a> Renderer<'a> {
         }
 
         // The per-service chains stay (they are active) whether or not they are rewritten.
-        {
-            let [cluster_key, local_key, fw_key, external_key] = svc.chains.keys;
-            for (used, key) in [
-                (uses_external_chain, external_key),
-                (uses_fw_chain, fw_key),
-                (uses_cluster_chain, cluster_key),
-                (uses_local_chain, local_key),
-            ] {
-                if used {
-                    self.active.insert(key);
-                }
+        let [cluster_key, local_key, fw_key, external_key] = svc.chains.keys;
+        for (used, key) in [
+            (uses_external_chain, external_key),
+            (uses_fw_chain, fw_key),
+            (uses_cluster_chain, cluster_key),
+            (uses_local_chain, local_key),
+        ] {
+            if used {
+                self.active.insert(key);
             }
-            for ep in &cat.all_reachable {
-                self.active.insert(ep.chain_key);
-            }
+        }
+        for ep in &cat.all_reachable {
+            self.active.insert(ep.chain_key);
         }
         let skip = match input.changed {
             Some(changed) => !self.rewrite_all && !changed.contains(&svc.name.service),
