@@ -9,10 +9,12 @@
 //! * `scale_benchmark` (ignored; run by hand, reported in docs/performance.md): the figures
 //!   for issue 10 at `KPR_SERVICES` (default 10000) on `KPR_BACKEND` (nft or legacy; default
 //!   nft): time to program every service, network-programming latency of
-//!   `KPR_CHANGES` single endpoint changes (p50/p99), the daemon's sync phases, peak RSS, and
-//!   beside them what upstream's way costs on the same state in the same run (one
-//!   `--noflush` restore of the full payload into a fresh namespace, capped at
-//!   `KPR_UPSTREAM_LIMIT` seconds, and one `iptables-save -t nat` of the programmed node).
+//!   `KPR_CHANGES` single endpoint changes (p50/p99), the daemon's sync phases, RSS (end and
+//!   peak), the kernel's floor for any restore into the programmed table (one rule into a
+//!   scratch chain), and beside them what upstream's way costs on the same state in the same
+//!   run (its partial sync's restore of every top-level nat chain; one `--noflush` restore of
+//!   the full payload into a fresh namespace, capped at `KPR_UPSTREAM_LIMIT` seconds; one
+//!   `iptables-save -t nat` of the programmed node).
 //!
 //!       sudo KPR_SERVICES=10000 KPR_BACKEND=nft cargo nextest run --release \
 //!           --run-ignored only -E 'test(scale_benchmark)' --no-capture
@@ -90,6 +92,8 @@ struct ScaleRun {
     latencies: Vec<Duration>,
     probe: Duration,
     peak_rss_kb: u64,
+    /// Resident at the end, after every change was synced (VmRSS).
+    rss_kb: u64,
     log: String,
     save_calls: String,
     /// The endpoint chains the changes created (stale once put back; large-cluster mode
@@ -179,11 +183,14 @@ async fn run_daemon(
         tokio::time::sleep(Duration::from_millis(1_200)).await;
     }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let peak_rss_kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
+    let status_kb = |field: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let (peak_rss_kb, rss_kb) = (status_kb("VmHWM:"), status_kb("VmRSS:"));
     let log = daemon.log_text();
     drop(daemon);
     if let Ok(keep) = std::env::var("KPR_KEEP_LOG") {
@@ -194,6 +201,7 @@ async fn run_daemon(
         latencies,
         probe,
         peak_rss_kb,
+        rss_kb,
         log,
         save_calls: std::fs::read_to_string(&save_log).unwrap_or_default(),
         changed_chains,
@@ -301,6 +309,57 @@ fn kube_chains(ns: &Netns) -> Vec<String> {
     lines
 }
 
+/// Restores `payloads[0]` (then `payloads[1..]`, untimed, to undo it) five times into `ns`;
+/// the median time of the first.
+fn median_restore(ns: &Netns, restore_bin: &str, dir: &TempDir, name: &str, payloads: &[String]) -> Duration {
+    let mut times = Vec::new();
+    for round in 0..5 {
+        for (i, payload) in payloads.iter().enumerate() {
+            let input = dir.path().join(format!("{name}-{i}"));
+            std::fs::write(&input, payload).expect("write payload");
+            let t = Instant::now();
+            let status = std::process::Command::new("ip")
+                .args(["netns", "exec", &ns.name, restore_bin, "--noflush", "--counters"])
+                .stdin(std::fs::File::open(&input).expect("open payload"))
+                .status()
+                .expect("run restore");
+            assert!(status.success(), "{name} restore {i} (round {round}) failed");
+            if i == 0 {
+                times.push(t.elapsed());
+            }
+        }
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// Adds one rule in a scratch nat chain, then removes the chain.
+fn floor_payloads() -> Vec<String> {
+    vec![
+        "*nat\n:KPR-BENCH-FLOOR - [0:0]\n-A KPR-BENCH-FLOOR -j RETURN\nCOMMIT\n".into(),
+        "*nat\n:KPR-BENCH-FLOOR - [0:0]\n-X KPR-BENCH-FLOOR\nCOMMIT\n".into(),
+    ]
+}
+
+/// The nat section of `payload` reduced to its top-level chains (not per service), as
+/// upstream writes them on every partial sync.
+fn top_level_nat(payload: &str) -> String {
+    let per_service = |chain: &str| {
+        ["KUBE-SVC-", "KUBE-SVL-", "KUBE-SEP-", "KUBE-EXT-", "KUBE-FW-"].iter().any(|p| chain.starts_with(p))
+    };
+    let nat = payload.split("*nat\n").nth(1).expect("nat section");
+    let mut out = String::from("*nat\n");
+    for line in nat.lines() {
+        let chain = line.strip_prefix(':').or_else(|| line.strip_prefix("-A ")).and_then(|l| l.split(' ').next());
+        if chain.is_some_and(|c| !per_service(c)) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str("COMMIT\n");
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run by hand, reported in docs/performance.md"]
 async fn scale_benchmark() {
@@ -349,7 +408,7 @@ async fn scale_benchmark() {
         lat.last().copied().unwrap_or_default().as_secs_f64(),
         run.probe.as_secs_f64()
     );
-    eprintln!("peak RSS: {:.1} MB", run.peak_rss_kb as f64 / 1024.0);
+    eprintln!("RSS: {:.1} MB at the end, peak {:.1} MB", run.rss_kb as f64 / 1024.0, run.peak_rss_kb as f64 / 1024.0);
     eprintln!("nat table reads with iptables-save during the run: {}", nat_reads(&run.save_calls).len());
     // Upstream's way on the same state, same run: one save of the programmed node, and one
     // restore of the full payload into a fresh namespace (each may take minutes on nft).
@@ -371,8 +430,21 @@ async fn scale_benchmark() {
     };
     let payload = full_payload(&dir, services);
     let body: String = payload.lines().filter(|l| !l.starts_with("# sync")).map(|l| format!("{l}\n")).collect();
-    let fresh = Netns::create("bench-up");
+
+    // The kernel's share of any partial sync (the daemon has stopped; its rules stay): one
+    // rule added to a scratch nat chain, the smallest transaction that is not a no-op.
     let restore_bin = format!("iptables-{}-restore", backend.as_str());
+    let floor = median_restore(&node_ns, &restore_bin, &dir, "floor", &floor_payloads());
+    // Upstream's partial sync rewrites every top-level nat chain (KUBE-SERVICES: a rule per
+    // service) besides the changed services' chains.
+    let upstream_partial = median_restore(&node_ns, &restore_bin, &dir, "upstream-partial", &[top_level_nat(&body)]);
+    eprintln!(
+        "kernel floor, one-rule {restore_bin} --noflush into this table: median {:.3} s; upstream's partial sync (every top-level nat chain rewritten, {} bytes): median {:.3} s",
+        floor.as_secs_f64(),
+        top_level_nat(&body).len(),
+        upstream_partial.as_secs_f64()
+    );
+    let fresh = Netns::create("bench-up");
     let input = dir.path().join("payload");
     std::fs::write(&input, &body).expect("payload");
     let t = Instant::now();
