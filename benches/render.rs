@@ -32,6 +32,7 @@ fn render_config() -> RenderConfig {
         node_port_addresses: NodePortAddresses::new(IpFamily::V4, &[]),
         random_fully: true,
         conntrack_tcp_liberal: false,
+        features: kube_proxy_rs::compat::Features::default(),
     }
 }
 
@@ -44,7 +45,7 @@ struct Maps {
 
 fn build(shape: ClusterShape) -> Maps {
     let cluster = synthetic::cluster(shape);
-    let mut svc_tracker = ServiceChangeTracker::new(IpFamily::V4);
+    let mut svc_tracker = ServiceChangeTracker::new(IpFamily::V4, kube_proxy_rs::compat::Features::default());
     let mut ep_tracker = EndpointChangeTracker::new(synthetic::NODE_NAME.to_string(), IpFamily::V4);
     for s in &cluster.services {
         svc_tracker.update(None, Some(s));

@@ -167,6 +167,7 @@ fn main() {
             node_port_addresses: NodePortAddresses::new(family, &[]),
             random_fully: true,
             conntrack_tcp_liberal: false,
+            features: kube_proxy_rs::compat::Features::default(),
         },
         hostname: synthetic::NODE_NAME.to_string(),
         sync_period: Duration::from_secs(30),

@@ -125,6 +125,10 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "KEY=BOOL,...", value_parser = feature_gates_flag, action = ArgAction::Append,
           allow_hyphen_values = true, help_heading = "Node and servers")]
     pub feature_gates: Vec<FeatureGatesArg>,
+    /// The upstream kube-proxy release to behave as (1.29 to 1.35; default: the newest),
+    /// with that release's feature-gate defaults. A kube-proxy-rs extension.
+    #[arg(long, value_name = "1.MINOR", help_heading = "Node and servers")]
+    pub compatibility_version: Option<String>,
 
     // ---- Proxying ---------------------------------------------------------------------------
     /// Which proxy mode to use; only 'iptables' (the default) is implemented.
@@ -309,6 +313,13 @@ pub struct RenderOptions {
     /// The iptables version to assume (`--random-fully` from 1.6.2 on).
     #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
     pub iptables_version: String,
+    /// The upstream kube-proxy release to render as (1.29 to 1.35; default: the config's
+    /// compatibilityVersion, else the newest).
+    #[arg(long, value_name = "1.MINOR")]
+    pub compatibility_version: Option<String>,
+    /// Feature gates, as the daemon takes them (applied over the config's featureGates).
+    #[arg(long, value_name = "KEY=BOOL,...", value_parser = feature_gates_flag, action = ArgAction::Append)]
+    pub feature_gates: Vec<FeatureGatesArg>,
 }
 
 #[derive(Debug, Args)]

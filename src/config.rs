@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::compat::{Features, Release};
 use crate::model::Cidr;
 use crate::model::IpFamily;
 use crate::model::ip::parse_ip_sloppy;
@@ -24,10 +25,6 @@ use crate::model::ip::parse_ip_sloppy;
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 /// The only `kind` accepted in a config file.
 pub const KIND: &str = "KubeProxyConfiguration";
-
-/// The Kubernetes minor release whose config semantics we follow; it decides which value
-/// `showHiddenMetricsForVersion` may take (only the previous minor release).
-pub const EMULATED_VERSION: (u64, u64) = (1, 29);
 
 /// Upstream `ports.ProxyHealthzPort`.
 const DEFAULT_HEALTHZ_PORT: u16 = 10256;
@@ -702,6 +699,11 @@ pub struct KubeProxyConfiguration {
     /// list (we cannot know it); recorded for the components that care.
     #[serde(deserialize_with = "null_default", skip_serializing_if = "BTreeMap::is_empty")]
     pub feature_gates: BTreeMap<String, bool>,
+    /// kube-proxy-rs extension, not an upstream field: the upstream release whose behaviour
+    /// and gate defaults apply (`1.29` … `1.35`); empty means the newest. Left out of a
+    /// written config when empty, so such files stay readable by upstream.
+    #[serde(deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    pub compatibility_version: String,
     /// How to reach the API server.
     #[serde(deserialize_with = "null_default")]
     pub client_connection: ClientConnection,
@@ -780,6 +782,7 @@ impl Default for KubeProxyConfiguration {
             api_version: API_VERSION.to_string(),
             kind: KIND.to_string(),
             feature_gates: BTreeMap::new(),
+            compatibility_version: String::new(),
             client_connection: ClientConnection::default(),
             logging: LoggingConfig::default(),
             hostname_override: String::new(),
@@ -964,6 +967,30 @@ impl KubeProxyConfiguration {
 
     /// Checks every field against upstream's validation rules, plus the ones this
     /// implementation adds (only the iptables mode). Call on a defaulted configuration.
+    /// The release selected by `compatibilityVersion` (default: the newest) with
+    /// `featureGates` applied; problems are pushed to `errs` and give `None`.
+    pub fn features(&self, errs: &mut Vec<FieldError>) -> Option<Features> {
+        let version = self.compatibility_version.trim();
+        let release = if version.is_empty() {
+            Release::NEWEST
+        } else {
+            match version.parse::<Release>() {
+                Ok(release) => release,
+                Err(e) => {
+                    errs.push(FieldError::invalid_str("compatibilityVersion", version, e.to_string()));
+                    return None;
+                }
+            }
+        };
+        match Features::resolve(release, &self.feature_gates) {
+            Ok(features) => Some(features),
+            Err(e) => {
+                errs.push(FieldError::invalid("featureGates", format_gates(&self.feature_gates), e.to_string()));
+                None
+            }
+        }
+    }
+
     pub fn validate(&self) -> Result<(), Vec<FieldError>> {
         let mut errs = Vec::new();
         self.validate_mode(&mut errs);
@@ -1006,8 +1033,10 @@ impl KubeProxyConfiguration {
                 format!("must be a valid port range (e.g. 300-2000): {detail}"),
             ));
         }
-        validate_node_port_addresses(self.node_port_addresses.as_deref().unwrap_or(&[]), &mut errs);
-        validate_show_hidden_metrics(&self.show_hidden_metrics_for_version, &mut errs);
+        let features = self.features(&mut errs);
+        let release = features.map_or(Release::NEWEST, |f| f.release);
+        validate_node_port_addresses(self.node_port_addresses.as_deref().unwrap_or(&[]), release, &mut errs);
+        validate_show_hidden_metrics(&self.show_hidden_metrics_for_version, release, &mut errs);
         self.validate_detect_local(&mut errs);
         if !self.hostname_override.is_empty() && self.hostname_override.trim().is_empty() {
             errs.push(FieldError::invalid_str(
@@ -1244,14 +1273,19 @@ fn parse_port_range(value: &str) -> Result<Option<(u16, u16)>, String> {
     Ok(Some((low as u16, high as u16)))
 }
 
+/// `featureGates` as `--feature-gates` spells them, for error messages.
+fn format_gates(gates: &BTreeMap<String, bool>) -> String {
+    gates.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
 /// The keyword accepted in `nodePortAddresses` besides CIDRs.
 pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
 
-fn validate_node_port_addresses(addresses: &[String], errs: &mut Vec<FieldError>) {
+fn validate_node_port_addresses(addresses: &[String], release: Release, errs: &mut Vec<FieldError>) {
     for (i, addr) in addresses.iter().enumerate() {
         let field = format!("nodePortAddresses[{i}]");
-        if addr == NODE_PORT_ADDRESSES_PRIMARY {
-            // v1.29 rejected this keyword; v1.30 accepts it alone. We follow v1.30.
+        if addr == NODE_PORT_ADDRESSES_PRIMARY && crate::compat::Features::of(release).node_port_addresses_primary() {
+            // Accepted alone from 1.31 on; earlier releases validate it as a CIDR (below).
             if addresses.len() != 1 {
                 errs.push(FieldError::invalid_str(&field, addr, "can't use both 'primary' and CIDRs"));
             }
@@ -1263,12 +1297,12 @@ fn validate_node_port_addresses(addresses: &[String], errs: &mut Vec<FieldError>
     }
 }
 
-fn validate_show_hidden_metrics(version: &str, errs: &mut Vec<FieldError>) {
+/// Only the release before the one emulated is allowed, as upstream.
+fn validate_show_hidden_metrics(version: &str, release: Release, errs: &mut Vec<FieldError>) {
     if version.is_empty() {
         return;
     }
-    let (major, minor) = EMULATED_VERSION;
-    let allowed = format!("{major}.{}", minor - 1);
+    let allowed = format!("1.{}", release.minor() - 1);
     if version != allowed {
         errs.push(FieldError::invalid_str(
             "showHiddenMetricsForVersion",
@@ -1361,6 +1395,8 @@ pub struct Settings {
     pub conntrack: ConntrackSettings,
     pub oom_score_adj: i32,
     pub feature_gates: BTreeMap<String, bool>,
+    /// The release emulated and its gates (`compatibilityVersion` with `featureGates`).
+    pub features: Features,
     pub client: ClientSettings,
     pub logging: LoggingSettings,
     pub show_hidden_metrics_for_version: Option<String>,
@@ -1428,6 +1464,7 @@ impl Settings {
             },
             oom_score_adj: cfg.oom_score_adj.unwrap_or(DEFAULT_OOM_SCORE_ADJ),
             feature_gates: cfg.feature_gates.clone(),
+            features: cfg.features(&mut Vec::new()).unwrap_or_default(),
             client: ClientSettings {
                 kubeconfig: (!kubeconfig.is_empty()).then(|| PathBuf::from(kubeconfig)),
                 accept_content_types: cfg.client_connection.accept_content_types.clone(),

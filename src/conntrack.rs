@@ -577,7 +577,7 @@ mod tests {
             .node_port("dns-udp", "UDP", 53, i32::from(NODE_PORT))
             .ingress_ips(&[LB_IP])
             .build();
-        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4, crate::compat::Features::default());
         tracker.update(None, Some(&svc));
         let mut map = ServicePortMap::new();
         map.update(&mut tracker);
@@ -730,7 +730,7 @@ mod tests {
     #[test]
     fn same_endpoint_ip_on_two_ports_is_cleared_once() {
         let svc = service("ns", "dns").cluster_ip("172.30.0.10").port("a", "UDP", 53).port("b", "UDP", 5353).build();
-        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4, crate::compat::Features::default());
         tracker.update(None, Some(&svc));
         let mut map = ServicePortMap::new();
         map.update(&mut tracker);
@@ -753,7 +753,7 @@ mod tests {
             .external_ips(&["2001:db8::99"])
             .node_port("dns", "UDP", 53, 30053)
             .build();
-        let mut tracker = ServiceChangeTracker::new(IpFamily::V6);
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V6, crate::compat::Features::default());
         tracker.update(None, Some(&svc));
         let mut map = ServicePortMap::new();
         map.update(&mut tracker);

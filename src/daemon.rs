@@ -140,6 +140,7 @@ impl Daemon {
                 node_port_addresses,
                 random_fully: ipt.has_random_fully(),
                 conntrack_tcp_liberal: tcp_liberal,
+                features: settings.features,
             };
             let cfg = ProxierConfig { render, hostname: hostname.clone(), sync_period: settings.sync_period };
             let progress_health = health.clone();

@@ -19,6 +19,7 @@ pub mod app;
 pub mod cleanup;
 pub mod cli;
 pub mod cmd;
+pub mod compat;
 pub mod config;
 pub mod config_watch;
 pub mod conntrack;

@@ -132,6 +132,7 @@ const FLAG_FIELDS: &[(&str, &str)] = &[
     ("show-hidden-metrics-for-version", "showHiddenMetricsForVersion"),
     ("oom-score-adj", "oomScoreAdj"),
     ("feature-gates", "featureGates"),
+    ("compatibility-version", "compatibilityVersion"),
     ("proxy-mode", "mode"),
     ("cluster-cidr", "clusterCIDR"),
     ("masquerade-all", "iptables.masqueradeAll"),
@@ -188,6 +189,7 @@ pub fn given_config_flags(a: &DaemonArgs) -> Vec<&'static str> {
         a.show_hidden_metrics_for_version.is_some(),
         a.oom_score_adj.is_some(),
         !a.feature_gates.is_empty(),
+        a.compatibility_version.is_some(),
         a.proxy_mode.is_some(),
         a.cluster_cidr.is_some(),
         a.masquerade_all.is_some(),
@@ -338,6 +340,7 @@ fn apply_config_flags(cfg: &mut KubeProxyConfiguration, a: &DaemonArgs) {
     if !a.feature_gates.is_empty() {
         cfg.feature_gates = a.feature_gates.iter().flat_map(|g| g.0.clone()).collect();
     }
+    set(&mut cfg.compatibility_version, &a.compatibility_version);
 
     set(&mut cfg.mode, &a.proxy_mode);
     set(&mut cfg.cluster_cidr, &a.cluster_cidr);

@@ -150,7 +150,7 @@ fn stale_udp_entries_are_deleted_and_live_ones_kept() {
         slice("ns1", "dns", "dns-1").udp("dns", 5353).endpoint(ep(REMOVED_EP)).endpoint(ep(KEPT_EP)).build();
     let gone_slice = slice("ns1", "gone", "gone-1").udp("dns", 5353).endpoint(ep(GONE_EP)).build();
 
-    let mut services = ServiceChangeTracker::new(IpFamily::V4);
+    let mut services = ServiceChangeTracker::new(IpFamily::V4, kube_proxy_rs::compat::Features::default());
     let mut endpoints = EndpointChangeTracker::new("node-1", IpFamily::V4);
     for s in [&dns, &late, &gone] {
         services.update(None, Some(s));

@@ -188,6 +188,7 @@ fn render_config(random_fully: bool) -> RenderConfig {
         node_port_addresses: NodePortAddresses::new(IpFamily::V4, &[]),
         random_fully,
         conntrack_tcp_liberal: false,
+        features: kube_proxy_rs::compat::Features::of(kube_proxy_rs::compat::Release::V1_29),
     }
 }
 

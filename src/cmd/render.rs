@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 
-use crate::cli::RenderArgs;
+use crate::cli::{RenderArgs, RenderOptions};
 use crate::config::{self, Settings};
 use crate::iptables::chain_tracker::ChainTracker;
 use crate::iptables::runner::{IptablesVersion, RANDOM_FULLY_MIN_VERSION};
@@ -59,11 +59,19 @@ fn random_fully_supported(version: &str) -> Result<bool, RenderCmdError> {
 }
 
 /// The settings from `--config`, or upstream's defaults.
-fn load_settings(path: Option<&std::path::Path>) -> Result<Settings, RenderCmdError> {
-    let raw = match path {
+/// The config file (or the defaults) with the release and gate flags applied over it.
+fn load_settings(options: &RenderOptions) -> Result<Settings, RenderCmdError> {
+    let path = options.config.as_deref();
+    let mut raw = match path {
         Some(p) => config::load_config_file(p)?,
         None => config::KubeProxyConfiguration::default(),
     };
+    if let Some(version) = &options.compatibility_version {
+        raw.compatibility_version = version.clone();
+    }
+    for gates in &options.feature_gates {
+        raw.feature_gates.extend(gates.0.clone());
+    }
     Settings::from_config(&raw).map_err(|errors| RenderCmdError::InvalidConfig {
         path: path.map_or_else(|| "defaults".to_string(), |p| p.display().to_string()),
         errors,
@@ -114,7 +122,7 @@ pub fn render_snapshots(
     snapshots: &[Snapshot],
     out: &mut dyn Write,
 ) -> Result<RenderedNode, RenderCmdError> {
-    let settings = load_settings(args.options.config.as_deref())?;
+    let settings = load_settings(&args.options)?;
     let random_fully = random_fully_supported(&args.options.iptables_version)?;
     let family = IpFamily::from(args.ip_family);
     let hostname = args
@@ -160,6 +168,7 @@ pub fn render_snapshots(
             node_port_addresses,
             random_fully,
             conntrack_tcp_liberal: false,
+            features: settings.features,
         },
         hostname: hostname.clone(),
         sync_period: settings.sync_period,

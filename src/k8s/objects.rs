@@ -17,7 +17,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec, ServiceStatus};
 use k8s_openapi::api::discovery::v1::{
-    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForZone,
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
@@ -60,13 +60,23 @@ pub struct EndpointView {
     pub conditions: Option<EndpointConditions>,
     #[serde(default)]
     pub node_name: Option<Box<str>>,
-    /// `hints.forZones[].name`.
-    #[serde(default, rename = "hints", deserialize_with = "zone_hints")]
-    pub zones: Option<Zones>,
+    /// `hints.forZones[].name` and `hints.forNodes[].name`.
+    #[serde(default)]
+    pub hints: Option<HintsView>,
 }
 
-/// Zone names from an endpoint's hints.
-pub type Zones = Box<[Box<str>]>;
+/// Zone or node names from an endpoint's hints.
+pub type Names = Box<[Box<str>]>;
+
+/// An endpoint's hints: the names only (an absent or `null` list is no hints of that kind).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HintsView {
+    #[serde(default, deserialize_with = "hint_names")]
+    pub for_zones: Option<Names>,
+    #[serde(default, deserialize_with = "hint_names")]
+    pub for_nodes: Option<Names>,
+}
 
 impl From<SliceView> for EndpointSlice {
     fn from(view: SliceView) -> EndpointSlice {
@@ -77,9 +87,13 @@ impl From<SliceView> for EndpointSlice {
                 addresses: ep.address.into_iter().map(String::from).collect(),
                 conditions: ep.conditions,
                 node_name: ep.node_name.map(String::from),
-                hints: ep.zones.map(|zones| EndpointHints {
-                    for_zones: Some(zones.into_iter().map(|name| ForZone { name: name.into() }).collect()),
-                    ..Default::default()
+                hints: ep.hints.map(|hints| EndpointHints {
+                    for_zones: hints
+                        .for_zones
+                        .map(|z| z.into_iter().map(|name| ForZone { name: name.into() }).collect()),
+                    for_nodes: hints
+                        .for_nodes
+                        .map(|n| n.into_iter().map(|name| ForNode { name: name.into() }).collect()),
                 }),
                 ..Default::default()
             })
@@ -266,20 +280,14 @@ fn exact_list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Bo
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default().into_boxed_slice())
 }
 
-/// `hints.forZones[].name` (an absent or `null` `forZones` is no hints at all).
-fn zone_hints<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Zones>, D::Error> {
+/// The `name`s of a `forZones` or `forNodes` list.
+fn hint_names<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Names>, D::Error> {
     #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Hints {
-        #[serde(default)]
-        for_zones: Option<Vec<Zone>>,
-    }
-    #[derive(Deserialize)]
-    struct Zone {
+    struct Named {
         name: Box<str>,
     }
-    let hints = Option::<Hints>::deserialize(d)?;
-    Ok(hints.and_then(|h| h.for_zones).map(|zones| zones.into_iter().map(|z| z.name).collect()))
+    let list = Option::<Vec<Named>>::deserialize(d)?;
+    Ok(list.map(|names| names.into_iter().map(|n| n.name).collect()))
 }
 
 #[cfg(test)]

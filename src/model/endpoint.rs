@@ -29,8 +29,24 @@ pub struct EndpointInfo {
     pub terminating: bool,
     /// Zones from `hints.forZones`; empty when the endpoint has no hints.
     pub zone_hints: BTreeSet<String>,
+    /// What `hints.forNodes` says about this node.
+    pub node_hints: NodeHints,
     /// [`ChainKey`] of this endpoint's KUBE-SEP- chain (see [`EndpointInfo::chain_name`]).
     pub chain_key: ChainKey,
+}
+
+/// An endpoint's `hints.forNodes` as the proxier needs it: only whether this node is named
+/// matters (the node's name is fixed for the life of the process), so a byte instead of a
+/// set of names per endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NodeHints {
+    /// No node hints.
+    #[default]
+    None,
+    /// Hinted for this node (among others, maybe).
+    ThisNode,
+    /// Hinted only for other nodes.
+    OtherNodes,
 }
 
 impl EndpointInfo {
@@ -49,6 +65,7 @@ impl EndpointInfo {
             serving: true,
             terminating: false,
             zone_hints: BTreeSet::new(),
+            node_hints: NodeHints::None,
             chain_key: chain_key(&name).unwrap_or_default(),
         }
     }

@@ -6,7 +6,7 @@ pub mod names;
 pub mod node;
 pub mod service;
 
-pub use endpoint::{EndpointInfo, EndpointRef};
+pub use endpoint::{EndpointInfo, EndpointRef, NodeHints};
 pub use ip::Cidr;
 pub use names::{IpFamily, NamespacedName, Protocol, ServicePortName};
 pub use service::{InvalidService, ServicePortInfo, ServicePortRef, SourceRange, service_ports, skipped_addresses};

@@ -10,10 +10,11 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service, ServiceSpec};
 
 use super::ip::{self, AddressTextError, Cidr};
 use super::names::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use crate::compat::Features;
 use crate::proxier::chains::ServiceChainNames;
 
 /// Annotation selecting topology-aware routing (`Auto`, `auto`, anything else but
@@ -21,6 +22,9 @@ use crate::proxier::chains::ServiceChainNames;
 pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
 /// The deprecated spelling of [`ANNOTATION_TOPOLOGY_MODE`]; it wins when both are present.
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+/// `status.loadBalancer.ingress[].ipMode` of a load balancer that delivers packets with
+/// the service IP as destination (the node may short-circuit it).
+pub const IP_MODE_VIP: &str = "VIP";
 /// ClientIP affinity timeout used when `sessionAffinityConfig` is absent (the API default).
 pub const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: i32 = 10800;
 /// The legacy way to set source ranges (comma-separated CIDRs). Upstream kube-proxy 1.29
@@ -131,7 +135,11 @@ pub enum InvalidService {
 /// Empty (not an error) when upstream skips the Service: headless (`clusterIP` empty or
 /// `None`), `type: ExternalName`, or no cluster IP of this family. A port without a protocol
 /// is treated as TCP, the API default, which API servers always fill in.
-pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePortInfo>, InvalidService> {
+pub fn service_ports(
+    svc: &Service,
+    family: IpFamily,
+    features: &Features,
+) -> Result<Vec<ServicePortInfo>, InvalidService> {
     let Some(spec) = svc.spec.as_ref() else {
         return Ok(Vec::new());
     };
@@ -152,7 +160,7 @@ pub fn service_ports(svc: &Service, family: IpFamily) -> Result<Vec<ServicePortI
         }
     };
 
-    let shared = SharedFields::new(svc, spec, &service, family)?;
+    let shared = SharedFields::new(svc, spec, &service, family, features)?;
     let mut seen = HashSet::new();
     let mut ports = Vec::new();
     for (index, port) in spec.ports.iter().flatten().enumerate() {
@@ -248,6 +256,7 @@ impl SharedFields {
         spec: &ServiceSpec,
         service: &NamespacedName,
         family: IpFamily,
+        features: &Features,
     ) -> Result<SharedFields, InvalidService> {
         let type_ = spec.type_.as_deref().unwrap_or("");
         let has_external_ips = !spec.external_ips.as_deref().unwrap_or_default().is_empty();
@@ -293,12 +302,17 @@ impl SharedFields {
             spec.external_ips.iter().flatten().map(String::as_str),
             family,
         );
-        // LoadBalancerIPMode is alpha (off) in 1.29, so every ingress IP counts as a VIP.
+        // Upstream `IsVIPMode`: with LoadBalancerIPMode on, only ingresses whose ipMode is
+        // absent or `VIP` are short-circuited on the node; a `Proxy` load balancer must see
+        // the traffic (it may add a PROXY-protocol header).
         let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+        let is_vip = |i: &&LoadBalancerIngress| {
+            !features.load_balancer_ip_mode || i.ip_mode.as_deref().is_none_or(|mode| mode == IP_MODE_VIP)
+        };
         let load_balancer_ips = addresses_of_family(
             service,
             "status.loadBalancer.ingress",
-            ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()).filter(|s| !s.is_empty()),
+            ingress.into_iter().flatten().filter(is_vip).filter_map(|i| i.ip.as_deref()).filter(|s| !s.is_empty()),
             family,
         );
         let (source_ranges, source_ranges_skipped) =
@@ -313,7 +327,7 @@ impl SharedFields {
             external_policy_local,
             internal_policy_local,
             health_check_node_port,
-            hints_enabled: hints_enabled(svc),
+            hints_enabled: hints_enabled(svc, features),
         })
     }
 }
@@ -445,7 +459,18 @@ pub fn skipped_addresses(svc: &Service) -> Vec<String> {
 
 /// Upstream `canUseTopology`'s annotation test: the deprecated annotation wins when present
 /// (even if empty), and any value other than empty, `disabled` or `Disabled` enables hints.
-fn hints_enabled(svc: &Service) -> bool {
+///
+/// Later releases drop the annotation requirement with ServiceTrafficDistribution (the
+/// EndpointSlice controller only writes hints when the service asks for them, by annotation
+/// or `spec.trafficDistribution`), and TopologyAwareHints off disables hints unless
+/// ServiceTrafficDistribution is on.
+fn hints_enabled(svc: &Service, features: &Features) -> bool {
+    if features.service_traffic_distribution {
+        return true;
+    }
+    if !features.topology_aware_hints {
+        return false;
+    }
     let annotations = svc.metadata.annotations.as_ref();
     let value = annotations
         .and_then(|a| a.get(ANNOTATION_TOPOLOGY_AWARE_HINTS))
@@ -458,10 +483,17 @@ fn hints_enabled(svc: &Service) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::compat::Release;
     use crate::tracker::testing::service;
 
+    /// The release of the upstream unit tests these cases come from.
+    fn v1_29() -> Features {
+        Features::of(Release::V1_29)
+    }
+
     fn ports(svc: &Service, family: IpFamily) -> Vec<ServicePortInfo> {
-        service_ports(svc, family).expect("valid service")
+        service_ports(svc, family, &v1_29()).expect("valid service")
     }
 
     fn ranges(info: &ServicePortInfo) -> Vec<&str> {
@@ -721,7 +753,7 @@ mod tests {
         assert_eq!(ports(&base().build(), IpFamily::V4)[0].sticky_seconds, None);
         assert_eq!(ports(&base().client_ip_affinity(Some(300)).build(), IpFamily::V4)[0].sticky_seconds, Some(300));
         assert_eq!(ports(&base().client_ip_affinity(None).build(), IpFamily::V4)[0].sticky_seconds, Some(10800));
-        let err = service_ports(&base().client_ip_affinity(Some(0)).build(), IpFamily::V4).unwrap_err();
+        let err = service_ports(&base().client_ip_affinity(Some(0)).build(), IpFamily::V4, &v1_29()).unwrap_err();
         assert!(matches!(err, InvalidService::AffinityTimeout { seconds: 0, .. }));
     }
 
@@ -779,12 +811,12 @@ mod tests {
             ),
         ];
         for (svc, needle) in cases {
-            let err = service_ports(&svc, IpFamily::V4).expect_err(needle).to_string();
+            let err = service_ports(&svc, IpFamily::V4, &v1_29()).expect_err(needle).to_string();
             assert!(err.starts_with("service ns1/bad: "), "{err}");
             assert!(err.contains(needle), "{err} does not mention {needle}");
         }
         let hc = base().type_("LoadBalancer").external_policy("Local").health_check_node_port(70000);
-        let err = service_ports(&hc.port("p", "TCP", 80).build(), IpFamily::V4).unwrap_err();
+        let err = service_ports(&hc.port("p", "TCP", 80).build(), IpFamily::V4, &v1_29()).unwrap_err();
         assert!(matches!(err, InvalidService::HealthCheckNodePort { port: 70000, .. }));
         // The same name with another protocol is a different port.
         let ok = base().port("dns", "TCP", 53).port("dns", "UDP", 53).build();

@@ -271,7 +271,8 @@ impl Proxier {
         interfaces: Arc<dyn NetworkInterfaces>,
         observer: Option<Arc<dyn ChangeObserver>>,
     ) -> Self {
-        let changes = Arc::new(ChangeRecorder::new(cfg.render.family, cfg.hostname.clone(), observer));
+        let changes =
+            Arc::new(ChangeRecorder::new(cfg.render.family, cfg.render.features, cfg.hostname.clone(), observer));
         Proxier {
             cfg,
             iptables,

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
+use crate::compat::Features;
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
 };
@@ -47,6 +48,8 @@ pub struct RenderConfig {
     pub random_fully: bool,
     /// `nf_conntrack_tcp_be_liberal` is set: no INVALID-drop rule.
     pub conntrack_tcp_liberal: bool,
+    /// The upstream release emulated and its feature gates.
+    pub features: Features,
 }
 
 /// One sync's view of the world.
@@ -327,7 +330,7 @@ impl<'a> Renderer<'a> {
     fn service(&mut self, svc: &'a ServicePortInfo) {
         let input = self.input;
         let endpoints: &'a [EndpointRef] = input.endpoints.get(&svc.name).map_or(&[], Vec::as_slice);
-        let cat = categorize_endpoints(endpoints, svc, input.node_labels);
+        let cat = categorize_endpoints(endpoints, svc, &self.cfg.features, input.node_labels);
         let name = svc.name_string.as_str();
         let proto = svc.protocol.lower();
         let port = svc.port;

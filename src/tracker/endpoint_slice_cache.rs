@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
 use super::endpoints::EndpointsMap;
 use crate::model::ip::{AddressTextError, parse_canonical_ip};
-use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, Protocol, ServicePortName};
+use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, NodeHints, Protocol, ServicePortName};
 
 /// The label naming the Service an EndpointSlice belongs to.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -255,6 +255,10 @@ impl EndpointSliceCache {
         info.terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
         if let Some(zones) = ep.hints.as_ref().and_then(|h| h.for_zones.as_ref()) {
             info.zone_hints = zones.iter().map(|z| z.name.clone()).collect();
+        }
+        if let Some(nodes) = ep.hints.as_ref().and_then(|h| h.for_nodes.as_ref()).filter(|n| !n.is_empty()) {
+            let for_this_node = !self.node_name.is_empty() && nodes.iter().any(|n| n.name == self.node_name);
+            info.node_hints = if for_this_node { NodeHints::ThisNode } else { NodeHints::OtherNodes };
         }
         info
     }

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::{EndpointChangeTracker, EndpointChanges, ServiceChangeTracker, ServiceChanges};
+use crate::compat::Features;
 use crate::model::{InvalidService, IpFamily, NamespacedName};
 
 /// Observes the change trackers the way upstream's change metrics do.
@@ -65,14 +66,20 @@ impl std::fmt::Debug for ChangeRecorder {
 }
 
 impl ChangeRecorder {
-    /// A recorder for `family` on the node named `hostname` (its endpoints are local). The
-    /// first drain asks for a full sync and a fresh read of the kernel.
-    pub fn new(family: IpFamily, hostname: impl Into<String>, observer: Option<Arc<dyn ChangeObserver>>) -> Self {
+    /// A recorder for `family` on the node named `hostname` (its endpoints are local),
+    /// reading Services as the release in `features` does. The first drain asks for a full
+    /// sync and a fresh read of the kernel.
+    pub fn new(
+        family: IpFamily,
+        features: Features,
+        hostname: impl Into<String>,
+        observer: Option<Arc<dyn ChangeObserver>>,
+    ) -> Self {
         let hostname = hostname.into();
         ChangeRecorder {
             family,
             pending: Mutex::new(Pending {
-                services: ServiceChangeTracker::new(family),
+                services: ServiceChangeTracker::new(family, features),
                 endpoints: EndpointChangeTracker::new(hostname.clone(), family),
                 node_labels: None,
                 services_synced: false,
@@ -211,7 +218,7 @@ mod tests {
     use crate::tracker::testing::{ep, service, slice};
 
     fn recorder() -> ChangeRecorder {
-        ChangeRecorder::new(IpFamily::V4, "node-a", None)
+        ChangeRecorder::new(IpFamily::V4, Features::default(), "node-a", None)
     }
 
     fn web() -> Service {

@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 
+use crate::compat::Features;
+
 use crate::model::{
     InvalidService, IpFamily, NamespacedName, Protocol, ServicePortName, ServicePortRef, service_ports,
 };
@@ -135,6 +137,8 @@ impl ServiceChanges {
 #[derive(Debug)]
 pub struct ServiceChangeTracker {
     family: IpFamily,
+    /// The release emulated: which ingress IPs count and whether hints need the annotation.
+    features: Features,
     items: HashMap<NamespacedName, ServiceChange>,
     /// The ports last recorded for each Service that has any: the previous state of its next
     /// change.
@@ -145,8 +149,14 @@ pub struct ServiceChangeTracker {
 }
 
 impl ServiceChangeTracker {
-    pub fn new(family: IpFamily) -> ServiceChangeTracker {
-        ServiceChangeTracker { family, items: HashMap::new(), recorded: HashMap::new(), invalid: HashMap::new() }
+    pub fn new(family: IpFamily, features: Features) -> ServiceChangeTracker {
+        ServiceChangeTracker {
+            family,
+            features,
+            items: HashMap::new(),
+            recorded: HashMap::new(),
+            invalid: HashMap::new(),
+        }
     }
 
     /// Takes every pending change out, leaving the tracker with none.
@@ -224,7 +234,7 @@ impl ServiceChangeTracker {
             self.invalid.remove(service);
             return ServicePortMap::new();
         };
-        match service_ports(svc, self.family) {
+        match service_ports(svc, self.family, &self.features) {
             Ok(ports) => {
                 self.invalid.remove(service);
                 ports.into_iter().map(|info| (info.name.clone(), Arc::new(info))).collect()
@@ -286,7 +296,7 @@ mod tests {
                 .health_check_node_port(345)
                 .build(),
         ];
-        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         let mut map = ServicePortMap::new();
         for svc in &services {
             assert!(tracker.update(None, Some(svc)));
@@ -324,7 +334,7 @@ mod tests {
     // Upstream TestBuildServiceMapServiceHeadless / ServiceTypeExternalName.
     #[test]
     fn headless_and_external_name_services_are_ignored() {
-        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         let headless = service("somewhere-else", "headless")
             .type_("ClusterIP")
             .cluster_ip("None")
@@ -365,7 +375,7 @@ mod tests {
             .external_policy("Local")
             .health_check_node_port(345)
             .build();
-        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         let mut map = ServicePortMap::new();
 
         tracker.update(None, Some(&v1));
@@ -398,7 +408,7 @@ mod tests {
     fn changes_that_cancel_out_are_dropped() {
         let a = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80).build();
         let b = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 8080).build();
-        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         assert!(tracker.update(None, Some(&a)));
         // A sync applies it.
         let _ = tracker.take_changes();
@@ -417,9 +427,9 @@ mod tests {
     #[test]
     fn other_family_and_invalid_services() {
         let v6_only = service("ns", "v6").cluster_ips(&[("fd00::1", "IPv6")]).port("p", "TCP", 80).build();
-        let mut v4 = ServiceChangeTracker::new(IpFamily::V4);
+        let mut v4 = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         assert!(!v4.update(None, Some(&v6_only)));
-        let mut v6 = ServiceChangeTracker::new(IpFamily::V6);
+        let mut v6 = ServiceChangeTracker::new(IpFamily::V6, Features::default());
         assert!(v6.update(None, Some(&v6_only)));
 
         // A valid service updated to an invalid one loses its ports.
@@ -450,7 +460,7 @@ mod tests {
     fn protocol_change_replaces_the_port() {
         let udp = service("ns", "s").cluster_ip("10.0.0.1").port("dns", "UDP", 53).build();
         let tcp = service("ns", "s").cluster_ip("10.0.0.1").port("dns", "TCP", 53).build();
-        let mut tracker = ServiceChangeTracker::new(IpFamily::V4);
+        let mut tracker = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         let mut map = ServicePortMap::new();
         tracker.update(None, Some(&udp));
         map.update(&mut tracker);

@@ -1,13 +1,15 @@
 //! Endpoint selection for one service port (upstream `CategorizeEndpoints`): which endpoints
 //! "Cluster" and "Local" traffic policy use, and which endpoint chains must exist.
 //!
-//! Pure function of the endpoints, the service port and the node's labels. Feature gates
-//! are fixed at their 1.29 defaults: TopologyAwareHints on; `spec.trafficDistribution`
-//! did not exist and is ignored.
+//! Pure function of the endpoints, the service port, the node's labels and the release
+//! emulated: whether hints need the topology annotation is decided per service
+//! ([`ServicePortInfo::hints_enabled`]); node hints (`trafficDistribution: PreferSameNode`)
+//! count only with PreferSameTrafficDistribution.
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::model::{EndpointInfo, EndpointRef, ServicePortInfo};
+use crate::compat::Features;
+use crate::model::{EndpointInfo, EndpointRef, NodeHints, ServicePortInfo};
 
 /// The node label holding the node's zone.
 pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
@@ -29,10 +31,10 @@ pub struct Categorized<'a> {
     pub has_any_endpoints: bool,
 }
 
-/// Splits `endpoints` of `svc` into the Cluster and Local sets, exactly as upstream 1.29:
+/// Splits `endpoints` of `svc` into the Cluster and Local sets, exactly as upstream:
 ///
-/// - Cluster: ready endpoints, narrowed to this node's zone when topology hints apply; if
-///   none are ready anywhere, the serving-and-terminating ones.
+/// - Cluster: ready endpoints, narrowed to those hinted for this node or this node's zone
+///   when such hints apply; if none are ready anywhere, the serving-and-terminating ones.
 /// - Local: local ready endpoints, or if there are none, local serving-and-terminating ones.
 ///   Topology is never applied to Local.
 ///
@@ -41,15 +43,24 @@ pub struct Categorized<'a> {
 pub fn categorize_endpoints<'a>(
     endpoints: &'a [EndpointRef],
     svc: &ServicePortInfo,
+    features: &Features,
     node_labels: &BTreeMap<String, String>,
 ) -> Categorized<'a> {
     let mut out = Categorized::default();
     let mut use_topology = false;
 
     if svc.uses_cluster_endpoints() {
-        use_topology = can_use_topology(endpoints, svc, node_labels);
         let zone = node_labels.get(LABEL_TOPOLOGY_ZONE).map(String::as_str).unwrap_or("");
-        out.cluster = filter(endpoints, |ep| ep.ready && (!use_topology || ep.zone_hints.contains(zone)));
+        let mode = topology_mode(endpoints, svc, features, zone);
+        use_topology = mode != TopologyMode::None;
+        out.cluster = filter(endpoints, |ep| {
+            ep.ready
+                && match mode {
+                    TopologyMode::None => true,
+                    TopologyMode::SameNode => ep.node_hints == NodeHints::ThisNode,
+                    TopologyMode::SameZone => ep.zone_hints.contains(zone),
+                }
+        });
         // With no ready endpoint for the zone, topology would already have been ruled out,
         // so an empty set here means nothing is ready anywhere.
         if out.cluster.is_empty() {
@@ -104,20 +115,40 @@ pub fn categorize_endpoints<'a>(
     out
 }
 
-/// Upstream `canUseTopology`: hints are used only when the service asks for them, the node
-/// has a zone, every ready endpoint carries zone hints and at least one is hinted for this
-/// node's zone.
-fn can_use_topology(endpoints: &[EndpointRef], svc: &ServicePortInfo, node_labels: &BTreeMap<String, String>) -> bool {
+/// Which hints narrow a service's Cluster endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TopologyMode {
+    None,
+    SameNode,
+    SameZone,
+}
+
+/// Upstream `topologyModeFromHints` (1.29: `canUseTopology`): hints are used only when the
+/// service may use them; node hints when every ready endpoint has one and one names this
+/// node (PreferSameTrafficDistribution only); otherwise zone hints when the node has a
+/// zone, every ready endpoint carries zone hints and at least one is for this zone.
+fn topology_mode(endpoints: &[EndpointRef], svc: &ServicePortInfo, features: &Features, zone: &str) -> TopologyMode {
     if !svc.hints_enabled {
+        return TopologyMode::None;
+    }
+    if features.prefer_same_traffic_distribution {
+        let ready = || endpoints.iter().filter(|ep| ep.ready);
+        let all_have_node_hints = ready().all(|ep| ep.node_hints != NodeHints::None);
+        let has_endpoint_for_node = ready().any(|ep| ep.node_hints == NodeHints::ThisNode);
+        if all_have_node_hints && has_endpoint_for_node {
+            return TopologyMode::SameNode;
+        }
+    }
+    if can_use_zone_hints(endpoints, svc, zone) { TopologyMode::SameZone } else { TopologyMode::None }
+}
+
+/// Zone hints apply: the node has a zone, every ready endpoint carries zone hints and at
+/// least one is hinted for this node's zone.
+fn can_use_zone_hints(endpoints: &[EndpointRef], svc: &ServicePortInfo, zone: &str) -> bool {
+    if zone.is_empty() {
+        tracing::debug!(service = %svc.name_string, "node has no zone label, ignoring topology hints");
         return false;
     }
-    let zone = match node_labels.get(LABEL_TOPOLOGY_ZONE) {
-        Some(zone) if !zone.is_empty() => zone,
-        _ => {
-            tracing::debug!(service = %svc.name_string, "node has no zone label, ignoring topology hints");
-            return false;
-        }
-    };
     let mut has_endpoint_for_zone = false;
     for ep in endpoints.iter().filter(|ep| ep.ready) {
         if ep.zone_hints.is_empty() {
@@ -145,14 +176,20 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::compat::Release;
     use crate::model::{IpFamily, NamespacedName, Protocol, ServicePortName, service_ports};
     use crate::tracker::testing::service;
+
+    /// The release of the upstream unit tests these cases come from.
+    fn v1_29() -> Features {
+        Features::of(Release::V1_29)
+    }
 
     /// A service port like upstream's `NewBaseServiceInfo(..., nodePort, ..., etpLocal,
     /// itpLocal, ..., hintsAnnotation)` test helper.
     fn svc(node_port: i32, etp_local: bool, itp_local: bool, hints: bool) -> ServicePortInfo {
         let built = service("ns", "svc").cluster_ip("10.96.0.1").port("", "TCP", 80).build();
-        let mut info = service_ports(&built, IpFamily::V4).unwrap().remove(0);
+        let mut info = service_ports(&built, IpFamily::V4, &v1_29()).unwrap().remove(0);
         info.node_port = node_port;
         info.external_policy_local = etp_local;
         info.internal_policy_local = itp_local;
@@ -503,7 +540,7 @@ mod tests {
     fn categorize_endpoints_matches_upstream_cases() {
         for case in cases() {
             let eps = endpoints(&case.endpoints);
-            let got = categorize_endpoints(&eps, &case.svc, &case.labels);
+            let got = categorize_endpoints(&eps, &case.svc, &v1_29(), &case.labels);
             assert_eq!(names(&got.cluster), case.cluster, "{}: cluster", case.name);
             assert_eq!(names(&got.local), case.local, "{}: local", case.name);
             let all: Vec<&str> = match case.all {
@@ -520,16 +557,16 @@ mod tests {
         let none = BTreeMap::new();
         // Cluster policy: any ready or serving-terminating endpoint anywhere.
         let eps = endpoints(&[e("10.0.0.1:80").unready()]);
-        assert!(!categorize_endpoints(&eps, &svc(0, false, false, false), &none).has_any_endpoints);
+        assert!(!categorize_endpoints(&eps, &svc(0, false, false, false), &v1_29(), &none).has_any_endpoints);
         let eps = endpoints(&[e("10.0.0.1:80").serving_terminating()]);
-        assert!(categorize_endpoints(&eps, &svc(0, false, false, false), &none).has_any_endpoints);
+        assert!(categorize_endpoints(&eps, &svc(0, false, false, false), &v1_29(), &none).has_any_endpoints);
         // Local-only policy: remote endpoints still count as "the service has endpoints",
         // which turns "no local endpoints" into DROP rather than REJECT.
         let eps = endpoints(&[e("10.0.0.1:80")]);
-        let got = categorize_endpoints(&eps, &svc(0, false, true, false), &none);
+        let got = categorize_endpoints(&eps, &svc(0, false, true, false), &v1_29(), &none);
         assert!(got.has_any_endpoints);
         assert!(got.local.is_empty() && got.all_reachable.is_empty());
-        assert!(!categorize_endpoints(&[], &svc(0, false, true, false), &none).has_any_endpoints);
+        assert!(!categorize_endpoints(&[], &svc(0, false, true, false), &v1_29(), &none).has_any_endpoints);
     }
 
     #[test]
@@ -540,7 +577,7 @@ mod tests {
             e("10.0.0.2:80").zones(&["zone-b"]),
             e("10.0.0.3:80").unready(),
         ]);
-        let got = categorize_endpoints(&eps, &svc(0, false, false, true), &zone("zone-a"));
+        let got = categorize_endpoints(&eps, &svc(0, false, false, true), &v1_29(), &zone("zone-a"));
         assert_eq!(names(&got.cluster), ["10.0.0.1:80"]);
     }
 
@@ -549,7 +586,7 @@ mod tests {
         // eTP Local with a terminating local endpoint and a ready remote one: Local uses
         // the terminating endpoint, Cluster the ready one, and both chains are needed.
         let eps = endpoints(&[e("10.0.0.1:80"), e("10.0.0.2:80").serving_terminating().local()]);
-        let got = categorize_endpoints(&eps, &svc(30080, true, false, false), &BTreeMap::new());
+        let got = categorize_endpoints(&eps, &svc(30080, true, false, false), &v1_29(), &BTreeMap::new());
         assert_eq!(names(&got.cluster), ["10.0.0.1:80"]);
         assert_eq!(names(&got.local), ["10.0.0.2:80"]);
         assert_eq!(names(&got.all_reachable), ["10.0.0.1:80", "10.0.0.2:80"]);

@@ -37,6 +37,7 @@ pub fn upstream_render_config(family: IpFamily) -> RenderConfig {
         node_port_addresses: NodePortAddresses::new(family, &[]),
         random_fully: false,
         conntrack_tcp_liberal: false,
+        features: kube_proxy_rs::compat::Features::of(kube_proxy_rs::compat::Release::V1_29),
     }
 }
 

@@ -1,0 +1,319 @@
+//! Which upstream kube-proxy release this proxy behaves as (`--compatibility-version`), and
+//! the feature gates that follow from it.
+//!
+//! A cluster operator thinks in releases: "behave like the kube-proxy of my 1.31 cluster".
+//! A release fixes the defaults of the gates that change iptables-mode behaviour (their
+//! stage per release is in docs/upstream-versions.md, read from upstream's versioned gate
+//! specs); `--feature-gates` may still flip a gate that is not locked in that release.
+//! Gate names this module does not know are left to the caller (upstream's gate list is
+//! large and cluster-wide flags carry gates kube-proxy never reads).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// An upstream minor release, `1.<minor>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Release {
+    minor: u8,
+}
+
+impl Release {
+    /// The release every golden file reproduces byte for byte.
+    pub const V1_29: Release = Release { minor: 29 };
+    pub const V1_30: Release = Release { minor: 30 };
+    pub const V1_31: Release = Release { minor: 31 };
+    pub const V1_32: Release = Release { minor: 32 };
+    pub const V1_33: Release = Release { minor: 33 };
+    pub const V1_34: Release = Release { minor: 34 };
+    pub const V1_35: Release = Release { minor: 35 };
+    /// The oldest release that can be selected.
+    pub const OLDEST: Release = Release::V1_29;
+    /// The newest release implemented, and the default.
+    pub const NEWEST: Release = Release::V1_35;
+
+    /// Every selectable release, oldest first.
+    pub fn all() -> impl Iterator<Item = Release> {
+        (Release::OLDEST.minor..=Release::NEWEST.minor).map(|minor| Release { minor })
+    }
+
+    pub fn minor(self) -> u8 {
+        self.minor
+    }
+}
+
+impl Default for Release {
+    fn default() -> Self {
+        Release::NEWEST
+    }
+}
+
+impl fmt::Display for Release {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "1.{}", self.minor)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompatError {
+    #[error("compatibility version {value:?}: expected a Kubernetes release like 1.31 (or v1.31.2)")]
+    Malformed { value: String },
+    #[error("compatibility version {value:?}: supported releases are {} to {}", Release::OLDEST, Release::NEWEST)]
+    Unsupported { value: String },
+    #[error("feature gate {gate} does not exist in Kubernetes {release}")]
+    UnknownInRelease { gate: &'static str, release: Release },
+    #[error("feature gate {gate} is locked to {locked} in Kubernetes {release} and cannot be set to {requested}")]
+    Locked { gate: &'static str, release: Release, locked: bool, requested: bool },
+}
+
+impl FromStr for Release {
+    type Err = CompatError;
+
+    /// `1.31`, `v1.31` and `1.31.4` (the patch release does not matter to behaviour here).
+    fn from_str(value: &str) -> Result<Release, CompatError> {
+        let malformed = || CompatError::Malformed { value: value.to_string() };
+        let text = value.trim();
+        let text = text.strip_prefix('v').unwrap_or(text);
+        let mut parts = text.split('.');
+        let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+            return Err(malformed());
+        };
+        let patch_ok = match parts.next() {
+            None => true,
+            Some(patch) => !patch.is_empty() && patch.bytes().all(|b| b.is_ascii_digit()) && parts.next().is_none(),
+        };
+        let digits = |s: &str| !s.is_empty() && s.len() <= 3 && s.bytes().all(|b| b.is_ascii_digit());
+        if !patch_ok || major != "1" || !digits(minor) {
+            return Err(malformed());
+        }
+        let minor: u8 = minor.parse().map_err(|_| malformed())?;
+        let release = Release { minor };
+        if release < Release::OLDEST || release > Release::NEWEST {
+            return Err(CompatError::Unsupported { value: value.to_string() });
+        }
+        Ok(release)
+    }
+}
+
+/// The gates that change iptables-mode behaviour after 1.29.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// `status.loadBalancer.ingress[].ipMode: Proxy` IPs are not short-circuited.
+    LoadBalancerIpMode,
+    /// Zone hints are honoured at all.
+    TopologyAwareHints,
+    /// Hints are honoured without the topology annotation (`spec.trafficDistribution`).
+    ServiceTrafficDistribution,
+    /// Node hints (`trafficDistribution: PreferSameNode`) are honoured.
+    PreferSameTrafficDistribution,
+}
+
+/// A gate's stage in one release: its default and whether it is locked to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stage {
+    default: bool,
+    locked: bool,
+}
+
+const OFF: Option<Stage> = Some(Stage { default: false, locked: false });
+const ON: Option<Stage> = Some(Stage { default: true, locked: false });
+const GA: Option<Stage> = Some(Stage { default: true, locked: true });
+
+impl Gate {
+    pub const ALL: [Gate; 4] = [
+        Gate::LoadBalancerIpMode,
+        Gate::TopologyAwareHints,
+        Gate::ServiceTrafficDistribution,
+        Gate::PreferSameTrafficDistribution,
+    ];
+
+    /// The name `--feature-gates` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Gate::LoadBalancerIpMode => "LoadBalancerIPMode",
+            Gate::TopologyAwareHints => "TopologyAwareHints",
+            Gate::ServiceTrafficDistribution => "ServiceTrafficDistribution",
+            Gate::PreferSameTrafficDistribution => "PreferSameTrafficDistribution",
+        }
+    }
+
+    /// Upstream's versioned gate specs (pkg/features/kube_features.go); `None`: the gate
+    /// does not exist in that release.
+    fn stage(self, release: Release) -> Option<Stage> {
+        let minor = release.minor;
+        match self {
+            Gate::LoadBalancerIpMode => match minor {
+                ..=29 => OFF,
+                30..=31 => ON,
+                _ => GA,
+            },
+            Gate::TopologyAwareHints => match minor {
+                ..=32 => ON,
+                _ => GA,
+            },
+            Gate::ServiceTrafficDistribution => match minor {
+                ..=29 => None,
+                30 => OFF,
+                31..=32 => ON,
+                _ => GA,
+            },
+            Gate::PreferSameTrafficDistribution => match minor {
+                ..=32 => None,
+                33 => OFF,
+                34 => ON,
+                _ => GA,
+            },
+        }
+    }
+}
+
+/// The behaviour selected: a release and the state of each gate in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    pub release: Release,
+    pub load_balancer_ip_mode: bool,
+    pub topology_aware_hints: bool,
+    pub service_traffic_distribution: bool,
+    pub prefer_same_traffic_distribution: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features::of(Release::NEWEST)
+    }
+}
+
+impl Features {
+    /// `release` with every gate at its default.
+    pub fn of(release: Release) -> Features {
+        let default = |gate: Gate| gate.stage(release).is_some_and(|s| s.default);
+        Features {
+            release,
+            load_balancer_ip_mode: default(Gate::LoadBalancerIpMode),
+            topology_aware_hints: default(Gate::TopologyAwareHints),
+            service_traffic_distribution: default(Gate::ServiceTrafficDistribution),
+            prefer_same_traffic_distribution: default(Gate::PreferSameTrafficDistribution),
+        }
+    }
+
+    /// `release` with `gates` (from `--feature-gates` / `featureGates`) applied. Names
+    /// this module does not know are ignored here; a known gate that the release does not
+    /// have, or a locked gate set against its lock, is an error, as upstream.
+    pub fn resolve(release: Release, gates: &BTreeMap<String, bool>) -> Result<Features, CompatError> {
+        let mut features = Features::of(release);
+        for gate in Gate::ALL {
+            let Some(&requested) = gates.get(gate.name()) else { continue };
+            let Some(stage) = gate.stage(release) else {
+                return Err(CompatError::UnknownInRelease { gate: gate.name(), release });
+            };
+            if stage.locked && requested != stage.default {
+                return Err(CompatError::Locked { gate: gate.name(), release, locked: stage.default, requested });
+            }
+            *features.gate_mut(gate) = requested;
+        }
+        Ok(features)
+    }
+
+    pub fn enabled(&self, gate: Gate) -> bool {
+        match gate {
+            Gate::LoadBalancerIpMode => self.load_balancer_ip_mode,
+            Gate::TopologyAwareHints => self.topology_aware_hints,
+            Gate::ServiceTrafficDistribution => self.service_traffic_distribution,
+            Gate::PreferSameTrafficDistribution => self.prefer_same_traffic_distribution,
+        }
+    }
+
+    fn gate_mut(&mut self, gate: Gate) -> &mut bool {
+        match gate {
+            Gate::LoadBalancerIpMode => &mut self.load_balancer_ip_mode,
+            Gate::TopologyAwareHints => &mut self.topology_aware_hints,
+            Gate::ServiceTrafficDistribution => &mut self.service_traffic_distribution,
+            Gate::PreferSameTrafficDistribution => &mut self.prefer_same_traffic_distribution,
+        }
+    }
+
+    /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
+    pub fn node_port_addresses_primary(&self) -> bool {
+        self.release >= Release::V1_31
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gates(pairs: &[(&str, bool)]) -> BTreeMap<String, bool> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn parses_release_spellings() {
+        assert_eq!("1.31".parse(), Ok(Release::V1_31));
+        assert_eq!("v1.29".parse(), Ok(Release::V1_29));
+        assert_eq!(" 1.35.2 ".parse(), Ok(Release::V1_35));
+        for bad in ["", "1", "2.31", "1.", "1.x", "1.31.", "1.31.2.1", "1.31-rc", "one.two"] {
+            assert!(matches!(bad.parse::<Release>(), Err(CompatError::Malformed { .. })), "{bad:?}");
+        }
+        for unsupported in ["1.28", "1.36", "1.999"] {
+            let err = unsupported.parse::<Release>().unwrap_err();
+            assert!(matches!(err, CompatError::Unsupported { .. }), "{unsupported:?}");
+            assert!(err.to_string().contains("1.29 to 1.35"), "{err}");
+        }
+        assert_eq!(Release::all().count(), 7);
+        assert_eq!(Release::V1_33.to_string(), "1.33");
+    }
+
+    #[test]
+    fn defaults_follow_upstream_gate_stages() {
+        // (release, ipMode, topology hints, trafficDistribution, preferSameNode)
+        let table = [
+            (Release::V1_29, false, true, false, false),
+            (Release::V1_30, true, true, false, false),
+            (Release::V1_31, true, true, true, false),
+            (Release::V1_32, true, true, true, false),
+            (Release::V1_33, true, true, true, false),
+            (Release::V1_34, true, true, true, true),
+            (Release::V1_35, true, true, true, true),
+        ];
+        for (release, ip_mode, hints, distribution, same_node) in table {
+            let f = Features::of(release);
+            assert_eq!(
+                (
+                    f.load_balancer_ip_mode,
+                    f.topology_aware_hints,
+                    f.service_traffic_distribution,
+                    f.prefer_same_traffic_distribution
+                ),
+                (ip_mode, hints, distribution, same_node),
+                "{release}"
+            );
+        }
+        assert_eq!(Features::default().release, Release::NEWEST);
+    }
+
+    #[test]
+    fn gates_override_unless_locked_or_absent() {
+        let f = Features::resolve(Release::V1_30, &gates(&[("ServiceTrafficDistribution", true)])).unwrap();
+        assert!(f.service_traffic_distribution);
+        let f = Features::resolve(Release::V1_31, &gates(&[("LoadBalancerIPMode", false), ("SomeOtherGate", true)]))
+            .unwrap();
+        assert!(!f.load_balancer_ip_mode);
+        // Setting a locked gate to its locked value is allowed, as upstream.
+        assert!(Features::resolve(Release::V1_33, &gates(&[("TopologyAwareHints", true)])).is_ok());
+
+        let err = Features::resolve(Release::V1_32, &gates(&[("LoadBalancerIPMode", false)])).unwrap_err();
+        assert_eq!(
+            err,
+            CompatError::Locked { gate: "LoadBalancerIPMode", release: Release::V1_32, locked: true, requested: false }
+        );
+        assert!(err.to_string().contains("locked to true in Kubernetes 1.32"), "{err}");
+        let err = Features::resolve(Release::V1_29, &gates(&[("ServiceTrafficDistribution", true)])).unwrap_err();
+        assert_eq!(err, CompatError::UnknownInRelease { gate: "ServiceTrafficDistribution", release: Release::V1_29 });
+    }
+
+    #[test]
+    fn primary_node_port_addresses_arrive_in_1_31() {
+        assert!(!Features::of(Release::V1_30).node_port_addresses_primary());
+        assert!(Features::of(Release::V1_31).node_port_addresses_primary());
+    }
+}
