@@ -86,12 +86,11 @@ impl FromStr for Release {
         if !patch_ok || major != "1" || !digits(minor) {
             return Err(malformed());
         }
-        let minor: u8 = minor.parse().map_err(|_| malformed())?;
-        let release = Release { minor };
-        if release < Release::OLDEST || release > Release::NEWEST {
+        let minor: u16 = minor.parse().map_err(|_| malformed())?;
+        if minor < u16::from(Release::OLDEST.minor) || minor > u16::from(Release::NEWEST.minor) {
             return Err(CompatError::Unsupported { value: value.to_string() });
         }
-        Ok(release)
+        Ok(Release { minor: minor as u8 })
     }
 }
 

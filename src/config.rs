@@ -1828,6 +1828,23 @@ winkernel:
             (|c| c.port_range = "2000-1000".into(), &["portRange"]),
             (|c| c.port_range = "a-b".into(), &["portRange"]),
             (|c| c.show_hidden_metrics_for_version = "1.20".into(), &["showHiddenMetricsForVersion"]),
+            (|c| c.show_hidden_metrics_for_version = "1.28".into(), &["showHiddenMetricsForVersion"]),
+            (|c| c.compatibility_version = "1.28".into(), &["compatibilityVersion"]),
+            (|c| c.compatibility_version = "latest".into(), &["compatibilityVersion"]),
+            (
+                |c| {
+                    c.compatibility_version = "1.32".into();
+                    c.feature_gates.insert("LoadBalancerIPMode".into(), false);
+                },
+                &["featureGates"],
+            ),
+            (
+                |c| {
+                    c.compatibility_version = "1.30".into();
+                    c.node_port_addresses = Some(vec!["primary".into()]);
+                },
+                &["nodePortAddresses[0]"],
+            ),
             (|c| c.logging.format = "xml".into(), &["logging.format"]),
             (|c| c.hostname_override = "  ".into(), &["hostnameOverride"]),
         ];
@@ -1857,7 +1874,13 @@ winkernel:
                 c.detect_local.bridge_interface = "cbr0".into();
             },
             |c| c.port_range = "30000+100".into(),
-            |c| c.show_hidden_metrics_for_version = "1.28".into(),
+            |c| c.show_hidden_metrics_for_version = "1.34".into(),
+            |c| {
+                c.compatibility_version = "1.29".into();
+                c.show_hidden_metrics_for_version = "1.28".into();
+            },
+            |c| c.compatibility_version = "v1.31.2".into(),
+            |c| c.node_port_addresses = Some(vec!["primary".into()]),
             |c| c.logging.format = "json".into(),
         ];
         for (i, mutate) in cases.into_iter().enumerate() {

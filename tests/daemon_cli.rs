@@ -87,7 +87,7 @@ fn write_config_to_round_trips_through_config() {
             "--vmodule=proxier*=4",
             "--logging-format=json",
         ],
-        &["--proxy-mode=iptables", "--nodeport-addresses=primary", "--show-hidden-metrics-for-version=1.28"],
+        &["--proxy-mode=iptables", "--nodeport-addresses=primary", "--show-hidden-metrics-for-version=1.34"],
     ];
     for (i, flags) in flag_sets.iter().enumerate() {
         let mut args: Vec<String> = flags.iter().map(|s| s.to_string()).collect();

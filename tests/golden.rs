@@ -1,6 +1,7 @@
 //! Golden scenarios: `tests/golden/<name>/` holds a cluster snapshot and the exact
 //! `kube-proxy-rs render` output expected for it, derived by hand from upstream kube-proxy's
-//! Go source (release 1.29), not from this program. See `tests/golden/README.md`.
+//! Go source (release 1.29 unless the scenario's `args` select another release with
+//! `--compatibility-version`), not from this program. See `tests/golden/README.md`.
 //!
 //! Each scenario directory contains:
 //!
@@ -63,6 +64,10 @@ fn render_args(dir: &Path) -> Result<Vec<String>, String> {
     let text = fs::read_to_string(&args_file).map_err(|e| format!("cannot read {}: {e}", args_file.display()))?;
     let mut args = vec!["render".to_string()];
     args.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
+    // The scenarios reproduce release 1.29 unless their `args` name another release.
+    if !args.iter().any(|a| a.starts_with("--compatibility-version")) {
+        args.extend(["--compatibility-version".to_string(), "1.29".to_string()]);
+    }
     if dir.join("config.yaml").is_file() {
         args.push("--config".into());
         args.push("config.yaml".into());

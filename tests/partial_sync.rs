@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::compat::Release;
 use kube_proxy_rs::iptables::Table;
 use kube_proxy_rs::model::IpFamily;
 
@@ -57,7 +58,9 @@ fn random_service(rng: &mut Rng, i: usize, family: IpFamily) -> Service {
                 IpFamily::V4 => format!("203.0.113.{}", i + 1),
                 IpFamily::V6 => format!("fd00:99::{:x}", i + 1),
             };
-            b = b.type_("LoadBalancer").node_port("p80", 80, np).lb_ingress(&[&lb]);
+            b = b.type_("LoadBalancer").node_port("p80", 80, np);
+            // ipMode Proxy drops the IP from 1.30 on (ignored by 1.29).
+            b = if rng.chance(30) { b.lb_ingress_modes(&[(&lb, "Proxy")]) } else { b.lb_ingress(&[&lb]) };
             if rng.chance(50) {
                 let range = match family {
                     IpFamily::V4 => "198.18.0.0/15",
@@ -125,6 +128,10 @@ fn random_slice(rng: &mut Rng, i: usize, part: usize, family: IpFamily) -> Endpo
                 .zone(["zone-a", "zone-b"][rng.below(2) as usize])
                 .hints(&[["zone-a", "zone-b"][rng.below(2) as usize]]);
         }
+        // Node hints count from 1.34 on (PreferSameNode).
+        if rng.chance(40) {
+            e = e.node_hints(&[[TEST_NODE_NAME, "other-node"][rng.below(2) as usize]]);
+        }
         s = s.endpoint(e);
     }
     s.build()
@@ -177,8 +184,14 @@ fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: Ip
 }
 
 /// A fresh proxier that knows the whole cluster and does one full sync.
-fn full_sync_of(cluster: &Cluster, family: IpFamily, extra: &[EndpointSlice], extra_svcs: &[Service]) -> TestProxier {
-    let mut fp = TestProxier::new(family);
+fn full_sync_of(
+    cluster: &Cluster,
+    family: IpFamily,
+    release: Release,
+    extra: &[EndpointSlice],
+    extra_svcs: &[Service],
+) -> TestProxier {
+    let mut fp = TestProxier::with_release(family, release);
     if !cluster.zone.is_empty() {
         fp.set_node(&node(TEST_NODE_NAME, &[("topology.kubernetes.io/zone", &cluster.zone)], &[], &[]));
     }
@@ -191,10 +204,10 @@ fn full_sync_of(cluster: &Cluster, family: IpFamily, extra: &[EndpointSlice], ex
     fp
 }
 
-fn run_invariant(seed: u64, family: IpFamily, steps: usize, large: bool) {
+fn run_invariant(seed: u64, family: IpFamily, release: Release, steps: usize, large: bool) {
     let mut rng = Rng(seed);
     let mut cluster = Cluster::default();
-    let mut fp = TestProxier::new(family);
+    let mut fp = TestProxier::with_release(family, release);
     // Large-cluster mode: one big service pushes the total over the threshold.
     let (big_svcs, big_slices) = if large {
         let ip = if family == IpFamily::V4 { "172.31.0.1" } else { "fd00:31::1" };
@@ -223,13 +236,13 @@ fn run_invariant(seed: u64, family: IpFamily, steps: usize, large: bool) {
         }
         let report = fp.sync();
         assert_eq!(report.stats.large_cluster_mode, large, "seed {seed} step {step}");
-        let reference = full_sync_of(&cluster, family, &big_slices, &big_svcs);
+        let reference = full_sync_of(&cluster, family, release, &big_slices, &big_svcs);
         let got = fp.ipt.save_all();
         let want = reference.ipt.save_all();
         if got != want {
             let diff = similar::TextDiff::from_lines(&want, &got);
             panic!(
-                "seed {seed} step {step} ({family}, large={large}): state after partial syncs differs from a full sync \
+                "seed {seed} step {step} ({family}, {release}, large={large}): state after partial syncs differs from a full sync \
                  (- full, + partial):\n{}\nlast payload:\n{}",
                 diff.unified_diff(),
                 report.payload
@@ -241,21 +254,33 @@ fn run_invariant(seed: u64, family: IpFamily, steps: usize, large: bool) {
 #[test]
 fn partial_syncs_equal_full_sync_ipv4() {
     for seed in 1..=40u64 {
-        run_invariant(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), IpFamily::V4, 25, false);
+        run_invariant(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), IpFamily::V4, Release::V1_29, 25, false);
+    }
+}
+
+/// The same with the newest release's behaviour: ipMode Proxy ingresses, hints without the
+/// annotation and node hints change which chains exist as services and slices change.
+#[test]
+fn partial_syncs_equal_full_sync_newest_release() {
+    for seed in 1..=30u64 {
+        run_invariant(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) + 11, IpFamily::V4, Release::NEWEST, 25, false);
+    }
+    for seed in 1..=8u64 {
+        run_invariant(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) + 13, IpFamily::V6, Release::V1_33, 25, false);
     }
 }
 
 #[test]
 fn partial_syncs_equal_full_sync_ipv6() {
     for seed in 1..=15u64 {
-        run_invariant(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) + 7, IpFamily::V6, 25, false);
+        run_invariant(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) + 7, IpFamily::V6, Release::V1_29, 25, false);
     }
 }
 
 #[test]
 fn partial_syncs_equal_full_sync_large_cluster_mode() {
     for seed in 1..=6u64 {
-        run_invariant(seed.wrapping_mul(0x1234_5678_9ABC_DEF1) + 3, IpFamily::V4, 12, true);
+        run_invariant(seed.wrapping_mul(0x1234_5678_9ABC_DEF1) + 3, IpFamily::V4, Release::V1_29, 12, true);
     }
 }
 

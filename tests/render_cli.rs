@@ -307,3 +307,89 @@ endpoints:
     let v4 = stdout(&render(&["--ip-family", "ipv4"], &[&cluster]));
     assert!(v4.contains("-d 172.30.0.10 --dport 80") && v4.contains("--to-destination 10.1.0.1:8080"), "{v4}");
 }
+
+/// A LoadBalancer whose only ingress is `ipMode: Proxy`, with an endpoint.
+const PROXY_LB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {namespace: default, name: lb}
+spec:
+  type: LoadBalancer
+  clusterIP: 172.30.0.20
+  allocateLoadBalancerNodePorts: false
+  ports: [{name: http, port: 80, protocol: TCP}]
+status:
+  loadBalancer:
+    ingress: [{ip: 203.0.113.9, ipMode: Proxy}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: default
+  name: lb-1
+  labels: {kubernetes.io/service-name: lb}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.1.0.9]
+  conditions: {ready: true}
+"#;
+
+#[test]
+fn compatibility_version_selects_the_release_behaviour() {
+    let dir = Scratch::new("compat");
+    let cluster = dir.file("c.yaml", PROXY_LB);
+    let lb_rule = "-d 203.0.113.9";
+    // 1.29: LoadBalancerIPMode is off, the Proxy IP is short-circuited like a VIP.
+    let out = render(&["--compatibility-version", "1.29"], &[&cluster]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains(lb_rule), "{}", stdout(&out));
+    // The default is the newest release: the gate is GA there.
+    let out = render(&[], &[&cluster]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stdout(&out).contains(lb_rule), "{}", stdout(&out));
+    // 1.31 with the gate switched off by flag behaves as 1.29 again.
+    let out =
+        render(&["--compatibility-version", "v1.31.4", "--feature-gates", "LoadBalancerIPMode=false"], &[&cluster]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains(lb_rule), "{}", stdout(&out));
+    // The same through the config file's extension field.
+    let config = dir.file(
+        "config.yaml",
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\ncompatibilityVersion: \"1.29\"\n",
+    );
+    let out = render(&["--config", config.to_str().unwrap_or_default()], &[&cluster]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains(lb_rule), "{}", stdout(&out));
+}
+
+#[test]
+fn bad_compatibility_version_or_locked_gate_exits_2_naming_it() {
+    let dir = Scratch::new("compat-bad");
+    let cluster = dir.file("c.yaml", WEB);
+    for (args, needle) in [
+        (vec!["--compatibility-version", "1.28"], "supported releases are 1.29 to 1.35"),
+        (vec!["--compatibility-version", "2.0"], "compatibilityVersion"),
+        (vec!["--compatibility-version", "1.33", "--feature-gates", "TopologyAwareHints=false"], "locked to true"),
+        (
+            vec!["--compatibility-version", "1.29", "--feature-gates", "PreferSameTrafficDistribution=true"],
+            "does not exist",
+        ),
+    ] {
+        let out = render(&args, &[&cluster]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    // `primary` nodePortAddresses arrived in 1.31.
+    let config = dir.file(
+        "config.yaml",
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nnodePortAddresses: [primary]\n",
+    );
+    let path = config.to_str().unwrap_or_default();
+    let out = render(&["--config", path, "--compatibility-version", "1.30"], &[&cluster]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nodePortAddresses[0]"), "{}", stderr(&out));
+    let out = render(&["--config", path, "--compatibility-version", "1.31"], &[&cluster]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

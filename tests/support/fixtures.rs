@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
     ServicePort, ServiceSpec, ServiceStatus, SessionAffinityConfig,
 };
 use k8s_openapi::api::discovery::v1::{
-    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForZone,
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -102,6 +102,26 @@ impl SvcBuilder {
         self
     }
 
+    /// Load-balancer ingresses with `ipMode` (`VIP` or `Proxy`) given per IP.
+    pub fn lb_ingress_modes(mut self, ingresses: &[(&str, &str)]) -> Self {
+        self.0.status = Some(ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(
+                    ingresses
+                        .iter()
+                        .map(|(ip, mode)| LoadBalancerIngress {
+                            ip: Some(ip.to_string()),
+                            ip_mode: Some(mode.to_string()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+            }),
+            ..Default::default()
+        });
+        self
+    }
+
     pub fn lb_ingress(mut self, ips: &[&str]) -> Self {
         self.0.status = Some(ServiceStatus {
             load_balancer: Some(LoadBalancerStatus {
@@ -186,11 +206,22 @@ pub struct Ep {
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
     pub hints: Option<Vec<String>>,
+    /// `hints.forNodes` names.
+    pub node_hints: Option<Vec<String>>,
 }
 
 /// An endpoint with no conditions at all (ready, as upstream reads a nil `ready`).
 pub fn bare_ep(ip: &str) -> Ep {
-    Ep { ip: ip.into(), node: None, zone: None, ready: None, serving: None, terminating: None, hints: None }
+    Ep {
+        ip: ip.into(),
+        node: None,
+        zone: None,
+        ready: None,
+        serving: None,
+        terminating: None,
+        hints: None,
+        node_hints: None,
+    }
 }
 
 /// A ready endpoint.
@@ -203,6 +234,7 @@ pub fn ep(ip: &str) -> Ep {
         serving: Some(true),
         terminating: Some(false),
         hints: None,
+        node_hints: None,
     }
 }
 
@@ -217,6 +249,11 @@ impl Ep {
     }
     pub fn hints(mut self, zones: &[&str]) -> Self {
         self.hints = Some(zones.iter().map(|z| z.to_string()).collect());
+        self
+    }
+    /// `hints.forNodes` (written for `trafficDistribution: PreferSameNode`).
+    pub fn node_hints(mut self, nodes: &[&str]) -> Self {
+        self.node_hints = Some(nodes.iter().map(|n| n.to_string()).collect());
         self
     }
     /// Not ready, still serving, terminating.
@@ -265,9 +302,9 @@ impl SliceBuilder {
                 .then_some(EndpointConditions { ready: e.ready, serving: e.serving, terminating: e.terminating }),
             node_name: e.node,
             zone: e.zone,
-            hints: e.hints.map(|zones| EndpointHints {
-                for_zones: Some(zones.into_iter().map(|name| ForZone { name }).collect()),
-                ..Default::default()
+            hints: (e.hints.is_some() || e.node_hints.is_some()).then(|| EndpointHints {
+                for_zones: e.hints.map(|zones| zones.into_iter().map(|name| ForZone { name }).collect()),
+                for_nodes: e.node_hints.map(|nodes| nodes.into_iter().map(|name| ForNode { name }).collect()),
             }),
             ..Default::default()
         });

@@ -81,6 +81,13 @@ impl TestProxier {
         Self::with_config(upstream_render_config(family))
     }
 
+    /// Upstream's fake proxier setup behaving as `release`.
+    pub fn with_release(family: IpFamily, release: kube_proxy_rs::compat::Release) -> Self {
+        let mut render = upstream_render_config(family);
+        render.features = kube_proxy_rs::compat::Features::of(release);
+        Self::with_config(render)
+    }
+
     pub fn with_config(render: RenderConfig) -> Self {
         let family = render.family;
         let ipt = Arc::new(FakeIptables::new(family));
