@@ -243,15 +243,9 @@ impl ProxierHealth {
     /// not judged (the sync loop marks each family updated when it starts).
     pub fn health(&self, now: SystemTime) -> Health {
         let mut last_updated: Option<SystemTime> = None;
-        for (family, &family_updated) in &self.last_updated {
+        for (&family, &family_updated) in &self.last_updated {
             last_updated = Some(last_updated.map_or(family_updated, |t| t.max(family_updated)));
-            let Some(&queued) = self.oldest_pending_queued.get(family) else {
-                continue;
-            };
-            let since = self.last_progress.get(family).map_or(queued, |&p| p.max(queued));
-            // A clock that went backwards counts as no time passed.
-            let waiting = now.duration_since(since).unwrap_or_default();
-            if waiting >= self.health_timeout {
+            if self.family_late(family, now) {
                 return Health { healthy: false, last_updated: Some(family_updated) };
             }
         }
@@ -268,6 +262,7 @@ impl ProxierHealth {
             return false;
         };
         let since = self.last_progress.get(&family).map_or(queued, |&p| p.max(queued));
+        // A clock that went backwards counts as no time passed.
         now.duration_since(since).unwrap_or_default() >= self.health_timeout
     }
 
