@@ -299,8 +299,9 @@ async fn daemon_main(
     let pod_cidr_guard =
         std::sync::Mutex::new(node_cidr_mode.then(|| crate::k8s::pod_cidr::PodCidrGuard::for_node(node.as_ref())));
     let on_node: crate::k8s::watch::NodeCallback = Arc::new(move |n| {
-        if let Some(n) = n {
-            health.sync_node(n);
+        match n {
+            Some(n) => health.sync_node(n),
+            None => health.node_deleted(),
         }
         let mut guard = pod_cidr_guard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(why) = guard.as_mut().and_then(|g| g.on_node(n)) {

@@ -109,9 +109,14 @@ impl Daemon {
             }
         }
 
-        let metrics = Arc::new(Metrics::new().map_err(|e| DaemonError::Metrics(e.to_string()))?);
-        let health =
-            Arc::new(ProxierHealthServer::new(settings.sync_period * 2, Arc::new(SystemClock), Some(metrics.clone())));
+        let metrics =
+            Arc::new(Metrics::new(settings.features.release).map_err(|e| DaemonError::Metrics(e.to_string()))?);
+        let health = Arc::new(ProxierHealthServer::new(
+            settings.sync_period * 2,
+            settings.features.release,
+            Arc::new(SystemClock),
+            Some(metrics.clone()),
+        ));
         let tcp_liberal = conntrack_tcp_be_liberal(deps.sysctl.as_ref());
         let node_port_cidrs =
             NodePortAddresses::resolve_primary(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
@@ -183,7 +188,7 @@ impl Daemon {
                 let handle = f.sync_loop.handle();
                 let request: crate::k8s::SyncRequest = Arc::new(move || {
                     health.queued_update(family);
-                    metrics.sync_queued(SystemTime::now());
+                    metrics.sync_queued(family, SystemTime::now());
                     handle.run();
                 });
                 let sink: Arc<dyn crate::k8s::ChangeSink> = lock(&f.proxier).recorder();
@@ -207,7 +212,7 @@ impl Daemon {
             let published = published.clone();
             let family = f.family;
             let on_report = move |report: &SyncReport| {
-                metrics.record_sync(report, report.elapsed, SystemTime::now());
+                metrics.record_sync(family, report, report.elapsed, SystemTime::now());
                 if report.result.is_err() {
                     health.sync_failed(family);
                 }

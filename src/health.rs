@@ -8,6 +8,10 @@
 //! health timeout (upstream uses 2 × `iptables.syncPeriod`). `/healthz` additionally reports
 //! the node ineligible (503) while the Node is being deleted or carries the cluster
 //! autoscaler's `ToBeDeletedByClusterAutoscaler` taint, so load balancers drain it first.
+//! The probe bodies follow the emulated release: up to 1.32 upstream wrote them with
+//! `fmt.Fprintf` (Go's `time.Time.String()`); from 1.33 they are `json.Marshal` of a struct
+//! with RFC 3339 times and a per-family `status`, and a proxy that knows no Node object is
+//! not eligible (before, it was eligible until a Node event said otherwise).
 //! [`ProxierHealthServer`] wraps the state with a [`Clock`] for the HTTP handlers and the
 //! per-service health checks ([`ProxyHealthCheck`]). This module never touches iptables and
 //! never decides when to sync.
@@ -22,6 +26,7 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::compat::Release;
 use crate::http::{self, Body, respond};
 use crate::metrics::{self, Metrics};
 use crate::model::IpFamily;
@@ -35,6 +40,11 @@ pub const PROXY_MODE: &str = "iptables";
 /// The key `/configz` files the configuration under (the API group of
 /// KubeProxyConfiguration).
 pub const CONFIGZ_KEY: &str = "kubeproxy.config.k8s.io";
+
+/// The first release whose probe bodies are `json.Marshal` output and whose node
+/// eligibility needs a known Node (upstream PR #129271; release inferred, see
+/// docs/upstream-versions.md rows 11, 12).
+pub const JSON_BODIES_SINCE: Release = Release::V1_33;
 
 const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
@@ -125,20 +135,56 @@ pub struct ProxierHealth {
     /// Per family, when the sync in progress last showed progress (it finished one of the
     /// transactions a large restore is split into).
     last_progress: BTreeMap<IpFamily, SystemTime>,
-    node_eligible: bool,
+    /// Eligibility from the last Node object seen; `None` while no Node is known (none yet,
+    /// or it was deleted).
+    node_eligible: Option<bool>,
+    /// Selects the body format and what an unknown Node means.
+    release: Release,
+}
+
+/// One family's state in the 1.33+ body (`ProxierHealth` upstream).
+#[derive(serde::Serialize)]
+struct FamilyBody {
+    #[serde(rename = "lastUpdated")]
+    last_updated: String,
+    healthy: bool,
+}
+
+/// The 1.33+ body (`ProxyHealth` upstream); field order is the JSON key order.
+#[derive(serde::Serialize)]
+struct JsonBody {
+    #[serde(rename = "lastUpdated")]
+    last_updated: String,
+    #[serde(rename = "currentTime")]
+    current_time: String,
+    #[serde(rename = "nodeEligible", skip_serializing_if = "Option::is_none")]
+    node_eligible: Option<bool>,
+    healthy: bool,
+    /// Keyed by the API family name; a BTreeMap sorts as Go's encoder does.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    status: BTreeMap<&'static str, FamilyBody>,
 }
 
 impl ProxierHealth {
     /// `health_timeout` is how late a queued update may be; kube-proxy uses 2 × syncPeriod.
-    pub fn new(health_timeout: Duration) -> Self {
+    /// `release` selects the probe bodies and node eligibility rules.
+    pub fn new(health_timeout: Duration, release: Release) -> Self {
         ProxierHealth {
             health_timeout,
             last_updated: BTreeMap::new(),
             oldest_pending_queued: BTreeMap::new(),
             last_progress: BTreeMap::new(),
-            // Eligible while starting up, until a Node event says otherwise.
-            node_eligible: true,
+            node_eligible: None,
+            release,
         }
+    }
+
+    pub fn release(&self) -> Release {
+        self.release
+    }
+
+    fn json_bodies(&self) -> bool {
+        self.release >= JSON_BODIES_SINCE
     }
 
     pub fn health_timeout(&self) -> Duration {
@@ -173,11 +219,21 @@ impl ProxierHealth {
     /// Records this node's eligibility for load-balancer traffic from its Node object (on
     /// add, update and delete events alike).
     pub fn sync_node(&mut self, node: &Node) {
-        self.node_eligible = node_eligible(node);
+        self.node_eligible = Some(node_eligible(node));
     }
 
+    /// The Node object is gone. From 1.33 that makes the node ineligible (no Node known);
+    /// 1.29 kept the eligibility of the last object seen.
+    pub fn node_deleted(&mut self) {
+        if self.json_bodies() {
+            self.node_eligible = None;
+        }
+    }
+
+    /// 1.29 treats a node as eligible until a Node event says otherwise; from 1.33 a node
+    /// nobody has seen is not eligible.
     pub fn node_eligible(&self) -> bool {
-        self.node_eligible
+        self.node_eligible.unwrap_or(!self.json_bodies())
     }
 
     /// Healthy unless a family that has synced at least once has an update queued for
@@ -187,15 +243,9 @@ impl ProxierHealth {
     /// not judged (the sync loop marks each family updated when it starts).
     pub fn health(&self, now: SystemTime) -> Health {
         let mut last_updated: Option<SystemTime> = None;
-        for (family, &family_updated) in &self.last_updated {
+        for (&family, &family_updated) in &self.last_updated {
             last_updated = Some(last_updated.map_or(family_updated, |t| t.max(family_updated)));
-            let Some(&queued) = self.oldest_pending_queued.get(family) else {
-                continue;
-            };
-            let since = self.last_progress.get(family).map_or(queued, |&p| p.max(queued));
-            // A clock that went backwards counts as no time passed.
-            let waiting = now.duration_since(since).unwrap_or_default();
-            if waiting >= self.health_timeout {
+            if self.family_late(family, now) {
                 return Health { healthy: false, last_updated: Some(family_updated) };
             }
         }
@@ -206,17 +256,31 @@ impl ProxierHealth {
         self.health(now).healthy
     }
 
+    /// Whether `family` (which has synced) has an update late by the rule of [`Self::health`].
+    fn family_late(&self, family: IpFamily, now: SystemTime) -> bool {
+        let Some(&queued) = self.oldest_pending_queued.get(&family) else {
+            return false;
+        };
+        let since = self.last_progress.get(&family).map_or(queued, |&p| p.max(queued));
+        // A clock that went backwards counts as no time passed.
+        now.duration_since(since).unwrap_or_default() >= self.health_timeout
+    }
+
     /// `/healthz`: healthy and the node eligible. When healthy, `lastUpdated` is `now`, as
     /// upstream keeps for compatibility with releases where it meant "the sync loop ran".
     pub fn healthz(&self, now: SystemTime) -> ProbeResponse {
         let health = self.health(now);
-        let healthy = health.healthy && self.node_eligible;
+        let eligible = self.node_eligible();
+        let healthy = health.healthy && eligible;
+        if self.json_bodies() {
+            return ProbeResponse { healthy, body: self.json_body(now, healthy, Some(eligible)) };
+        }
         let last_updated = if healthy { Some(now) } else { health.last_updated };
         let body = format!(
             r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {}}}"#,
             go_time_string(last_updated),
             go_time_string(Some(now)),
-            self.node_eligible
+            eligible
         );
         ProbeResponse { healthy, body }
     }
@@ -224,6 +288,9 @@ impl ProxierHealth {
     /// `/livez`: the proxy's health alone (a node being drained is still alive).
     pub fn livez(&self, now: SystemTime) -> ProbeResponse {
         let health = self.health(now);
+        if self.json_bodies() {
+            return ProbeResponse { healthy: health.healthy, body: self.json_body(now, health.healthy, None) };
+        }
         let last_updated = if health.healthy { Some(now) } else { health.last_updated };
         let body = format!(
             r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
@@ -231,6 +298,33 @@ impl ProxierHealth {
             go_time_string(Some(now))
         );
         ProbeResponse { healthy: health.healthy, body }
+    }
+
+    /// The 1.33+ body. `healthy` is the answer's (for `/healthz` it includes eligibility):
+    /// when true, the top-level `lastUpdated` is `now`; otherwise it is the newest sync of
+    /// any family (upstream's `Health()`, unlike 1.29's late family), and `healthy` in the
+    /// body is the proxy's own health, without eligibility, as upstream writes it.
+    fn json_body(&self, now: SystemTime, healthy: bool, node_eligible: Option<bool>) -> String {
+        let mut proxy_healthy = true;
+        let mut status = BTreeMap::new();
+        for (&family, &updated) in &self.last_updated {
+            let family_healthy = !self.family_late(family, now);
+            proxy_healthy &= family_healthy;
+            status.insert(
+                family.api_name(),
+                FamilyBody { last_updated: go_rfc3339_nano(Some(updated)), healthy: family_healthy },
+            );
+        }
+        let newest = self.last_updated.values().max().copied();
+        let body = JsonBody {
+            last_updated: go_rfc3339_nano(if healthy { Some(now) } else { newest }),
+            current_time: go_rfc3339_nano(Some(now)),
+            node_eligible,
+            healthy: proxy_healthy,
+            status,
+        };
+        // Strings, bools and maps of them: serialising cannot fail.
+        serde_json::to_string(&body).unwrap_or_default()
     }
 }
 
@@ -252,6 +346,23 @@ pub fn go_time_string(t: Option<SystemTime>) -> String {
     let Some(t) = t else {
         return "0001-01-01 00:00:00 +0000 UTC".to_string();
     };
+    let (date, time, fraction) = civil_parts(t);
+    format!("{date} {time}{fraction} +0000 UTC")
+}
+
+/// A time as Go's `json.Marshal` writes a `time.Time` in UTC: `time.RFC3339Nano`
+/// (`2006-01-02T15:04:05.999999999Z07:00`, fraction trimmed of trailing zeros, `Z` for
+/// UTC). `None` is Go's zero time.
+pub fn go_rfc3339_nano(t: Option<SystemTime>) -> String {
+    let Some(t) = t else {
+        return "0001-01-01T00:00:00Z".to_string();
+    };
+    let (date, time, fraction) = civil_parts(t);
+    format!("{date}T{time}{fraction}Z")
+}
+
+/// `t` in UTC as (`YYYY-MM-DD`, `hh:mm:ss`, `.fraction` trimmed or empty).
+fn civil_parts(t: SystemTime) -> (String, String, String) {
     let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_nanos()),
         Err(e) => {
@@ -265,18 +376,10 @@ pub fn go_time_string(t: Option<SystemTime>) -> String {
     };
     let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
     let second_of_day = secs.rem_euclid(86_400);
-    let mut out = format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        second_of_day / 3600,
-        second_of_day % 3600 / 60,
-        second_of_day % 60
-    );
-    if nanos != 0 {
-        out.push('.');
-        out.push_str(format!("{nanos:09}").trim_end_matches('0'));
-    }
-    out.push_str(" +0000 UTC");
-    out
+    let date = format!("{year:04}-{month:02}-{day:02}");
+    let time = format!("{:02}:{:02}:{:02}", second_of_day / 3600, second_of_day % 3600 / 60, second_of_day % 60);
+    let fraction = if nanos == 0 { String::new() } else { format!(".{}", format!("{nanos:09}").trim_end_matches('0')) };
+    (date, time, fraction)
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian (year, month, day).
@@ -308,9 +411,15 @@ impl std::fmt::Debug for ProxierHealthServer {
 }
 
 impl ProxierHealthServer {
-    /// `metrics`, when given, counts `/healthz` and `/livez` answers by status code.
-    pub fn new(health_timeout: Duration, clock: Arc<dyn Clock>, metrics: Option<Arc<Metrics>>) -> Self {
-        ProxierHealthServer { state: Mutex::new(ProxierHealth::new(health_timeout)), clock, metrics }
+    /// `metrics`, when given, counts `/healthz` and `/livez` answers by status code;
+    /// `release` selects the bodies (see [`ProxierHealth::new`]).
+    pub fn new(
+        health_timeout: Duration,
+        release: Release,
+        clock: Arc<dyn Clock>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
+        ProxierHealthServer { state: Mutex::new(ProxierHealth::new(health_timeout, release)), clock, metrics }
     }
 
     fn with_state<T>(&self, f: impl FnOnce(&mut ProxierHealth) -> T) -> T {
@@ -347,6 +456,15 @@ impl ProxierHealthServer {
             s.node_eligible()
         });
         tracing::debug!(node = node.metadata.name.as_deref().unwrap_or(""), eligible, "node eligibility");
+    }
+
+    /// See [`ProxierHealth::node_deleted`].
+    pub fn node_deleted(&self) {
+        let eligible = self.with_state(|s| {
+            s.node_deleted();
+            s.node_eligible()
+        });
+        tracing::debug!(eligible, "node deleted");
     }
 
     pub fn node_eligible(&self) -> bool {
@@ -504,7 +622,7 @@ mod tests {
 
     #[test]
     fn healthy_until_a_queued_update_is_late() {
-        let mut h = ProxierHealth::new(TIMEOUT);
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_29);
         // Nothing synced yet: healthy, and queued updates of a family that never synced are
         // not judged.
         assert_eq!(h.health(at(100)), Health { healthy: true, last_updated: None });
@@ -527,7 +645,7 @@ mod tests {
 
     #[test]
     fn a_sync_that_keeps_making_progress_is_not_late() {
-        let mut h = ProxierHealth::new(TIMEOUT);
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_29);
         h.updated(IpFamily::V4, at(1_000));
         h.queued_update(IpFamily::V4, at(1_010));
         // The sync starts and applies a step every 50 s: never TIMEOUT (60 s) without one.
@@ -556,7 +674,7 @@ mod tests {
 
     #[test]
     fn every_family_must_keep_up() {
-        let mut h = ProxierHealth::new(TIMEOUT);
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_29);
         h.updated(IpFamily::V4, at(100));
         h.updated(IpFamily::V6, at(50));
         assert_eq!(h.health(at(200)).last_updated, Some(at(100)));
@@ -569,7 +687,7 @@ mod tests {
 
     #[test]
     fn probe_bodies() {
-        let mut h = ProxierHealth::new(TIMEOUT);
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_29);
         h.updated(IpFamily::V4, at(1_700_000_000));
         let now = at(1_700_000_030);
         let ok = h.healthz(now);
@@ -596,7 +714,7 @@ mod tests {
         assert!(!node_eligible(&node(true, &[])));
         assert!(node_eligible(&Node::default()));
 
-        let mut h = ProxierHealth::new(TIMEOUT);
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_29);
         h.updated(IpFamily::V4, at(10));
         h.sync_node(&node(false, &[TO_BE_DELETED_TAINT]));
         let resp = h.healthz(at(20));
@@ -609,11 +727,125 @@ mod tests {
         assert!(h.healthz(at(20)).healthy);
     }
 
+    #[test]
+    fn rfc3339_nano_format() {
+        assert_eq!(go_rfc3339_nano(None), "0001-01-01T00:00:00Z");
+        assert_eq!(go_rfc3339_nano(Some(UNIX_EPOCH)), "1970-01-01T00:00:00Z");
+        assert_eq!(go_rfc3339_nano(Some(at(1_700_000_000))), "2023-11-14T22:13:20Z");
+        let t = at(951_825_600) + Duration::from_nanos(120_000_000);
+        assert_eq!(go_rfc3339_nano(Some(t)), "2000-02-29T12:00:00.12Z");
+        assert_eq!(go_rfc3339_nano(Some(at(0) + Duration::from_nanos(1))), "1970-01-01T00:00:00.000000001Z");
+        assert_eq!(go_rfc3339_nano(Some(UNIX_EPOCH - Duration::from_millis(500))), "1969-12-31T23:59:59.5Z");
+    }
+
+    /// 2023-11-14T22:13:50.123456789Z
+    fn now_1_35() -> SystemTime {
+        at(1_700_000_030) + Duration::from_nanos(123_456_789)
+    }
+
+    #[test]
+    fn json_probe_bodies_from_1_33() {
+        for release in [Release::V1_33, Release::V1_35] {
+            let mut h = ProxierHealth::new(TIMEOUT, release);
+            h.sync_node(&node(false, &[]));
+            h.updated(IpFamily::V4, at(1_700_000_021) + Duration::from_millis(500));
+            let ok = h.healthz(now_1_35());
+            assert_eq!(ok.status(), StatusCode::OK, "{release}");
+            assert_eq!(
+                ok.body,
+                r#"{"lastUpdated":"2023-11-14T22:13:50.123456789Z","currentTime":"2023-11-14T22:13:50.123456789Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2023-11-14T22:13:41.5Z","healthy":true}}}"#,
+                "{release}"
+            );
+            let live = h.livez(now_1_35());
+            assert_eq!(live.status(), StatusCode::OK);
+            assert_eq!(
+                live.body,
+                r#"{"lastUpdated":"2023-11-14T22:13:50.123456789Z","currentTime":"2023-11-14T22:13:50.123456789Z","healthy":true,"status":{"IPv4":{"lastUpdated":"2023-11-14T22:13:41.5Z","healthy":true}}}"#
+            );
+        }
+        // The day before 1.33 still writes the Fprintf form.
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_32);
+        h.updated(IpFamily::V4, at(1_700_000_000));
+        assert_eq!(
+            h.healthz(at(1_700_000_030)).body,
+            r#"{"lastUpdated": "2023-11-14 22:13:50 +0000 UTC","currentTime": "2023-11-14 22:13:50 +0000 UTC", "nodeEligible": true}"#
+        );
+    }
+
+    #[test]
+    fn json_bodies_when_unhealthy_dual_stack() {
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_35);
+        h.sync_node(&node(false, &[]));
+        // IPv6 synced first, then IPv4: the map order is not the insertion order.
+        h.updated(IpFamily::V6, at(1_700_000_000));
+        h.updated(IpFamily::V4, at(1_700_000_010));
+        h.queued_update(IpFamily::V6, at(1_700_000_001));
+        let late = at(1_700_000_100);
+        let resp = h.healthz(late);
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // The top-level lastUpdated is the newest family's (upstream Health()), not now.
+        assert_eq!(
+            resp.body,
+            r#"{"lastUpdated":"2023-11-14T22:13:30Z","currentTime":"2023-11-14T22:15:00Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2023-11-14T22:13:30Z","healthy":true},"IPv6":{"lastUpdated":"2023-11-14T22:13:20Z","healthy":false}}}"#
+        );
+        let live = h.livez(late);
+        assert_eq!(live.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            live.body,
+            r#"{"lastUpdated":"2023-11-14T22:13:30Z","currentTime":"2023-11-14T22:15:00Z","healthy":false,"status":{"IPv4":{"lastUpdated":"2023-11-14T22:13:30Z","healthy":true},"IPv6":{"lastUpdated":"2023-11-14T22:13:20Z","healthy":false}}}"#
+        );
+    }
+
+    #[test]
+    fn json_bodies_before_any_sync_and_without_a_node() {
+        let h = ProxierHealth::new(TIMEOUT, Release::V1_35);
+        // No Node known: not eligible, so /healthz fails and its lastUpdated is the zero
+        // time; no family synced: no status.
+        let resp = h.healthz(at(1_700_000_000));
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            resp.body,
+            r#"{"lastUpdated":"0001-01-01T00:00:00Z","currentTime":"2023-11-14T22:13:20Z","nodeEligible":false,"healthy":true}"#
+        );
+        let live = h.livez(at(1_700_000_000));
+        assert_eq!(live.status(), StatusCode::OK);
+        assert_eq!(
+            live.body,
+            r#"{"lastUpdated":"2023-11-14T22:13:20Z","currentTime":"2023-11-14T22:13:20Z","healthy":true}"#
+        );
+    }
+
+    #[test]
+    fn node_eligibility_per_release() {
+        let mut old = ProxierHealth::new(TIMEOUT, Release::V1_29);
+        let mut new = ProxierHealth::new(TIMEOUT, Release::V1_33);
+        old.updated(IpFamily::V4, at(10));
+        new.updated(IpFamily::V4, at(10));
+        // No Node seen: 1.29 eligible, 1.33 not.
+        assert!(old.node_eligible() && old.healthz(at(20)).healthy);
+        assert!(!new.node_eligible() && !new.healthz(at(20)).healthy);
+        assert!(new.livez(at(20)).healthy, "an unknown node is still alive");
+        for h in [&mut old, &mut new] {
+            h.sync_node(&node(false, &[]));
+            assert!(h.healthz(at(20)).healthy, "{}", h.release());
+            h.sync_node(&node(false, &[TO_BE_DELETED_TAINT]));
+            assert!(!h.healthz(at(20)).healthy, "{}", h.release());
+            h.sync_node(&node(false, &[]));
+        }
+        // The Node is deleted: 1.33 forgets it, 1.29 keeps the last eligibility.
+        old.node_deleted();
+        new.node_deleted();
+        assert!(old.healthz(at(20)).healthy);
+        assert!(!new.healthz(at(20)).healthy);
+        assert!(new.healthz(at(20)).body.contains(r#""nodeEligible":false"#));
+    }
+
     async fn start_health(
+        release: Release,
         clock: Arc<FakeClock>,
         metrics: Arc<Metrics>,
     ) -> (Arc<ProxierHealthServer>, SocketAddr, CancellationToken) {
-        let server = Arc::new(ProxierHealthServer::new(TIMEOUT, clock, Some(metrics)));
+        let server = Arc::new(ProxierHealthServer::new(TIMEOUT, release, clock, Some(metrics)));
         let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cancel = CancellationToken::new();
@@ -624,8 +856,8 @@ mod tests {
     #[tokio::test]
     async fn health_server_follows_state() {
         let clock = Arc::new(FakeClock::new(at(1_700_000_000)));
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let (health, addr, cancel) = start_health(clock.clone(), metrics.clone()).await;
+        let metrics = Arc::new(Metrics::new(Release::NEWEST).unwrap());
+        let (health, addr, cancel) = start_health(Release::V1_29, clock.clone(), metrics.clone()).await;
 
         health.updated(IpFamily::V4);
         let resp = get(addr, "/healthz").await;
@@ -675,8 +907,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn health_server_serves_json_from_1_33() {
+        let clock = Arc::new(FakeClock::new(now_1_35()));
+        let metrics = Arc::new(Metrics::new(Release::NEWEST).unwrap());
+        let (health, addr, cancel) = start_health(Release::NEWEST, clock.clone(), metrics.clone()).await;
+        health.updated(IpFamily::V4);
+        // No Node yet.
+        let resp = get(addr, "/healthz").await;
+        assert_eq!(resp.status, 503);
+        assert_eq!(resp.header("content-type"), Some("application/json"));
+        assert_eq!(resp.json()["nodeEligible"], false);
+        health.sync_node(&node(false, &[]));
+        let resp = get(addr, "/healthz").await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(
+            resp.body,
+            r#"{"lastUpdated":"2023-11-14T22:13:50.123456789Z","currentTime":"2023-11-14T22:13:50.123456789Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2023-11-14T22:13:50.123456789Z","healthy":true}}}"#
+        );
+        health.node_deleted();
+        assert_eq!(get(addr, "/healthz").await.status, 503);
+        let resp = get(addr, "/livez").await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.json()["status"]["IPv4"]["healthy"], true);
+        cancel.cancel();
+    }
+
+    #[tokio::test]
     async fn metrics_server_endpoints() {
-        let metrics = Arc::new(Metrics::new().unwrap());
+        let metrics = Arc::new(Metrics::new(Release::NEWEST).unwrap());
         metrics.service_update_observed(3);
         let config = serde_json::json!({"mode": "iptables", "iptables": {"syncPeriod": "30s"}});
         let server = Arc::new(MetricsServer::new(metrics, &config).unwrap());

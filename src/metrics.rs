@@ -1,5 +1,8 @@
-//! Prometheus metrics: the collectors upstream kube-proxy 1.29 exports in iptables mode, with
-//! its exact names, types, label names, help text and histogram buckets.
+//! Prometheus metrics: the collectors upstream kube-proxy exports in iptables mode, with its
+//! exact names, types, label names, help text and histogram buckets, as of the emulated
+//! release: from 1.33 the per-sync metrics carry an `ip_family` label (`IPv4`/`IPv6`, upstream
+//! PR #129173); up to 1.32 they are unlabelled and both families' proxiers write the same
+//! series.
 //!
 //! One [`Metrics`] value holds every collector, registered once in its own [`Registry`]; the
 //! proxier, the change handlers and the health server write to it through typed methods, and the
@@ -9,15 +12,23 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 
+use crate::compat::Release;
 use crate::iptables::Table;
+use crate::model::IpFamily;
 use crate::proxier::{SyncError, SyncReport};
 
 /// Upstream's `kubeProxySubsystem`: every metric name starts with `kubeproxy_`.
 pub const SUBSYSTEM: &str = "kubeproxy";
+
+/// The first release whose per-sync metrics carry `ip_family` (docs/upstream-versions.md row 8).
+pub const IP_FAMILY_LABEL_SINCE: Release = Release::V1_33;
+
+/// The label name upstream uses.
+pub const IP_FAMILY_LABEL: &str = "ip_family";
 
 /// `Content-Type` of the text exposition format.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -34,26 +45,31 @@ pub enum MetricsError {
 
 pub type Result<T, E = MetricsError> = std::result::Result<T, E>;
 
-/// Every kube-proxy collector (upstream `pkg/proxy/metrics`, release 1.29).
+/// Every kube-proxy collector (upstream `pkg/proxy/metrics`). The per-sync ones are vectors
+/// in every release: before 1.33 with no label of their own (their single child is created
+/// up front, so they are exported from the start as plain metrics are), from 1.33 with
+/// `ip_family` last. Write them through the methods, which supply the family when due.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// Whether the per-sync metrics carry `ip_family` (release >= 1.33).
+    by_family: bool,
     /// `sync_proxy_rules_duration_seconds`: every sync, full or partial.
-    pub sync_proxy_rules_duration: Histogram,
-    pub sync_full_proxy_rules_duration: Histogram,
-    pub sync_partial_proxy_rules_duration: Histogram,
+    pub sync_proxy_rules_duration: HistogramVec,
+    pub sync_full_proxy_rules_duration: HistogramVec,
+    pub sync_partial_proxy_rules_duration: HistogramVec,
     /// Unix time of the last successful sync.
-    pub sync_proxy_rules_last_timestamp: Gauge,
+    pub sync_proxy_rules_last_timestamp: GaugeVec,
     /// Unix time a sync was last asked for.
-    pub sync_proxy_rules_last_queued_timestamp: Gauge,
+    pub sync_proxy_rules_last_queued_timestamp: GaugeVec,
     /// From an EndpointSlice's trigger time to its rules being in place.
-    pub network_programming_duration: Histogram,
+    pub network_programming_duration: HistogramVec,
     pub endpoint_changes_pending: IntGauge,
     pub endpoint_changes_total: IntCounter,
     pub service_changes_pending: IntGauge,
     pub service_changes_total: IntCounter,
-    pub iptables_restore_failures_total: IntCounter,
-    pub iptables_partial_restore_failures_total: IntCounter,
+    pub iptables_restore_failures_total: IntCounterVec,
+    pub iptables_partial_restore_failures_total: IntCounterVec,
     /// Rules kube-proxy owns, per table (`table` label).
     pub iptables_rules_total: IntGaugeVec,
     /// Rules written by the last sync, per table (`table` label).
@@ -106,6 +122,7 @@ pub fn network_programming_buckets() -> Vec<f64> {
 
 struct Builder {
     registry: Registry,
+    by_family: bool,
 }
 
 impl Builder {
@@ -118,15 +135,41 @@ impl Builder {
         Opts::new(name, alpha(help)).subsystem(SUBSYSTEM)
     }
 
-    fn histogram(&self, name: &'static str, help: &str, buckets: Vec<f64>) -> Result<Histogram> {
+    /// The label names of a per-sync metric: `labels`, then `ip_family` when due.
+    fn sync_labels<'a>(&self, labels: &[&'a str]) -> Vec<&'a str> {
+        let mut names = labels.to_vec();
+        if self.by_family {
+            names.push(IP_FAMILY_LABEL);
+        }
+        names
+    }
+
+    fn histogram(&self, name: &'static str, help: &str, buckets: Vec<f64>) -> Result<HistogramVec> {
         let opts = HistogramOpts::new(name, alpha(help)).subsystem(SUBSYSTEM).buckets(buckets);
-        let h = Histogram::with_opts(opts).map_err(|source| MetricsError::Create { name, source })?;
+        let h =
+            HistogramVec::new(opts, &self.sync_labels(&[])).map_err(|source| MetricsError::Create { name, source })?;
+        if !self.by_family {
+            h.with_label_values(&[] as &[&str]);
+        }
         self.register(name, h)
     }
 
-    fn gauge(&self, name: &'static str, help: &str) -> Result<Gauge> {
-        let g = Gauge::with_opts(Self::opts(name, help)).map_err(|source| MetricsError::Create { name, source })?;
+    fn gauge(&self, name: &'static str, help: &str) -> Result<GaugeVec> {
+        let g = GaugeVec::new(Self::opts(name, help), &self.sync_labels(&[]))
+            .map_err(|source| MetricsError::Create { name, source })?;
+        if !self.by_family {
+            g.with_label_values(&[] as &[&str]);
+        }
         self.register(name, g)
+    }
+
+    fn sync_counter(&self, name: &'static str, help: &str) -> Result<IntCounterVec> {
+        let c = IntCounterVec::new(Self::opts(name, help), &self.sync_labels(&[]))
+            .map_err(|source| MetricsError::Create { name, source })?;
+        if !self.by_family {
+            c.with_label_values(&[] as &[&str]);
+        }
+        self.register(name, c)
     }
 
     fn int_gauge(&self, name: &'static str, help: &str) -> Result<IntGauge> {
@@ -140,8 +183,9 @@ impl Builder {
         self.register(name, c)
     }
 
-    fn gauge_vec(&self, name: &'static str, help: &str, label: &str) -> Result<IntGaugeVec> {
-        let g = IntGaugeVec::new(Self::opts(name, help), &[label])
+    /// A per-sync gauge with its own `label` (and `ip_family` when due).
+    fn sync_gauge_vec(&self, name: &'static str, help: &str, label: &str) -> Result<IntGaugeVec> {
+        let g = IntGaugeVec::new(Self::opts(name, help), &self.sync_labels(&[label]))
             .map_err(|source| MetricsError::Create { name, source })?;
         self.register(name, g)
     }
@@ -165,9 +209,10 @@ fn gauge_value(n: usize) -> i64 {
 }
 
 impl Metrics {
-    /// Creates and registers every collector in a fresh registry.
-    pub fn new() -> Result<Metrics> {
-        let b = Builder { registry: Registry::new() };
+    /// Creates and registers every collector in a fresh registry, labelled as `release`
+    /// labels them.
+    pub fn new(release: Release) -> Result<Metrics> {
+        let b = Builder { registry: Registry::new(), by_family: release >= IP_FAMILY_LABEL_SINCE };
         let sync = sync_duration_buckets;
         Ok(Metrics {
             sync_proxy_rules_duration: b.histogram(
@@ -206,25 +251,25 @@ impl Metrics {
                 .int_gauge("sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes")?,
             service_changes_total: b
                 .counter("sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes")?,
-            iptables_restore_failures_total: b.counter(
+            iptables_restore_failures_total: b.sync_counter(
                 "sync_proxy_rules_iptables_restore_failures_total",
                 "Cumulative proxy iptables restore failures",
             )?,
-            iptables_partial_restore_failures_total: b.counter(
+            iptables_partial_restore_failures_total: b.sync_counter(
                 "sync_proxy_rules_iptables_partial_restore_failures_total",
                 "Cumulative proxy iptables partial restore failures",
             )?,
-            iptables_rules_total: b.gauge_vec(
+            iptables_rules_total: b.sync_gauge_vec(
                 "sync_proxy_rules_iptables_total",
                 "Total number of iptables rules owned by kube-proxy",
                 "table",
             )?,
-            iptables_rules_last_sync: b.gauge_vec(
+            iptables_rules_last_sync: b.sync_gauge_vec(
                 "sync_proxy_rules_iptables_last",
                 "Number of iptables rules written by kube-proxy in last sync",
                 "table",
             )?,
-            no_local_endpoints_total: b.gauge_vec(
+            no_local_endpoints_total: b.sync_gauge_vec(
                 "sync_proxy_rules_no_local_endpoints_total",
                 "Number of services with a Local traffic policy and no endpoints",
                 "traffic_policy",
@@ -235,12 +280,27 @@ impl Metrics {
                 "code",
             )?,
             proxy_livez_total: b.counter_vec("proxy_livez_total", "Cumulative proxy livez HTTP status", "code")?,
+            by_family: b.by_family,
             registry: b.registry,
         })
     }
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Whether the per-sync metrics carry `ip_family`.
+    pub fn by_family(&self) -> bool {
+        self.by_family
+    }
+
+    /// Label values of a per-sync metric: `values`, then the family's when due.
+    fn sync_values<'a>(&self, family: IpFamily, values: &[&'a str]) -> Vec<&'a str> {
+        let mut all = values.to_vec();
+        if self.by_family {
+            all.push(family.api_name());
+        }
+        all
     }
 
     /// Every metric in the Prometheus text exposition format (what `/metrics` serves).
@@ -267,14 +327,16 @@ impl Metrics {
         }
     }
 
-    /// A sync was requested (upstream `Proxier.Sync` and the start of `SyncLoop`).
-    pub fn sync_queued(&self, now: SystemTime) {
-        self.sync_proxy_rules_last_queued_timestamp.set(unix_seconds(now));
+    /// A sync of `family` was requested (upstream `Proxier.Sync` and the start of `SyncLoop`).
+    pub fn sync_queued(&self, family: IpFamily, now: SystemTime) {
+        self.sync_proxy_rules_last_queued_timestamp
+            .with_label_values(&self.sync_values(family, &[]))
+            .set(unix_seconds(now));
     }
 
-    /// `iptables-restore` failed outside a sync (cleanup of leftover rules).
-    pub fn restore_failed(&self) {
-        self.iptables_restore_failures_total.inc();
+    /// `iptables-restore` of `family` failed outside a sync (cleanup of leftover rules).
+    pub fn restore_failed(&self, family: IpFamily) {
+        self.iptables_restore_failures_total.with_label_values(&self.sync_values(family, &[])).inc();
     }
 
     pub fn healthz_answered(&self, code: u16) {
@@ -285,20 +347,21 @@ impl Metrics {
         self.proxy_livez_total.with_label_values(&[code.to_string().as_str()]).inc();
     }
 
-    /// Records one sync the way upstream's `syncProxyRules` does: latency always (full or
-    /// partial), rule counts whenever rules were rendered, restore failures on failure, and on
-    /// success the network programming latency of the applied EndpointSlice changes, the
-    /// no-local-endpoint counts and the last-sync timestamp. The change trackers were drained,
-    /// so both pending gauges drop to zero.
+    /// Records one sync of `family` the way upstream's `syncProxyRules` does: latency always
+    /// (full or partial), rule counts whenever rules were rendered, restore failures on
+    /// failure, and on success the network programming latency of the applied EndpointSlice
+    /// changes, the no-local-endpoint counts and the last-sync timestamp. The change trackers
+    /// were drained, so both pending gauges drop to zero.
     ///
     /// `elapsed` is how long the sync took; `now` is the wall-clock time it finished.
-    pub fn record_sync(&self, report: &SyncReport, elapsed: Duration, now: SystemTime) {
+    pub fn record_sync(&self, family: IpFamily, report: &SyncReport, elapsed: Duration, now: SystemTime) {
+        let fam = self.sync_values(family, &[]);
         let seconds = elapsed.as_secs_f64();
-        self.sync_proxy_rules_duration.observe(seconds);
+        self.sync_proxy_rules_duration.with_label_values(&fam).observe(seconds);
         if report.full {
-            self.sync_full_proxy_rules_duration.observe(seconds);
+            self.sync_full_proxy_rules_duration.with_label_values(&fam).observe(seconds);
         } else {
-            self.sync_partial_proxy_rules_duration.observe(seconds);
+            self.sync_partial_proxy_rules_duration.with_label_values(&fam).observe(seconds);
         }
         self.service_changes_pending.set(0);
         self.endpoint_changes_pending.set(0);
@@ -308,41 +371,43 @@ impl Metrics {
         if rendered {
             let stats = &report.stats;
             let nat_written = stats.nat_rules.saturating_sub(stats.deleted_chains);
-            self.set_rules(Table::Filter, stats.filter_rules_total, stats.filter_rules);
-            self.set_rules(Table::Nat, stats.nat_rules_total, nat_written);
+            self.set_rules(family, Table::Filter, stats.filter_rules_total, stats.filter_rules);
+            self.set_rules(family, Table::Nat, stats.nat_rules_total, nat_written);
         }
 
         match &report.result {
             Ok(()) => {
                 let now_secs = unix_seconds(now);
+                let programming = self.network_programming_duration.with_label_values(&fam);
                 for times in report.endpoints_update.last_change_trigger_times.values() {
                     for t in times {
                         let trigger = t.as_second() as f64 + f64::from(t.subsec_nanosecond()) / 1e9;
-                        self.network_programming_duration.observe(now_secs - trigger);
+                        programming.observe(now_secs - trigger);
                     }
                 }
                 self.no_local_endpoints_total
-                    .with_label_values(&["internal"])
+                    .with_label_values(&self.sync_values(family, &["internal"]))
                     .set(gauge_value(report.stats.no_local_endpoints_internal));
                 self.no_local_endpoints_total
-                    .with_label_values(&["external"])
+                    .with_label_values(&self.sync_values(family, &["external"]))
                     .set(gauge_value(report.stats.no_local_endpoints_external));
-                self.sync_proxy_rules_last_timestamp.set(now_secs);
+                self.sync_proxy_rules_last_timestamp.with_label_values(&fam).set(now_secs);
             }
             Err(err) => {
                 if matches!(err, SyncError::Restore { .. }) {
-                    self.iptables_restore_failures_total.inc();
+                    self.iptables_restore_failures_total.with_label_values(&fam).inc();
                 }
                 if !report.full {
-                    self.iptables_partial_restore_failures_total.inc();
+                    self.iptables_partial_restore_failures_total.with_label_values(&fam).inc();
                 }
             }
         }
     }
 
-    fn set_rules(&self, table: Table, total: usize, last: usize) {
-        self.iptables_rules_total.with_label_values(&[table.as_str()]).set(gauge_value(total));
-        self.iptables_rules_last_sync.with_label_values(&[table.as_str()]).set(gauge_value(last));
+    fn set_rules(&self, family: IpFamily, table: Table, total: usize, last: usize) {
+        let labels = self.sync_values(family, &[table.as_str()]);
+        self.iptables_rules_total.with_label_values(&labels).set(gauge_value(total));
+        self.iptables_rules_last_sync.with_label_values(&labels).set(gauge_value(last));
     }
 }
 
@@ -370,7 +435,7 @@ mod tests {
     use crate::tracker::{EndpointsUpdateResult, ServiceUpdateResult};
 
     /// Upstream 1.29 `pkg/proxy/metrics`: name, type, label names, help (without the
-    /// `[ALPHA] ` prefix component-base adds).
+    /// `[ALPHA] ` prefix component-base adds). Later releases: see [`upstream_labels`].
     const UPSTREAM: &[(&str, MetricType, &[&str], &str)] = &[
         (
             "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -520,26 +585,133 @@ mod tests {
         UNIX_EPOCH + Duration::from_secs(secs)
     }
 
-    #[test]
-    fn names_types_labels_and_help_match_upstream() {
-        let m = Metrics::new().unwrap();
-        // Vectors are exported once they have a child; give every one of them one.
-        m.record_sync(&report(true, Ok(())), Duration::from_millis(3), at(1_000));
+    /// The metrics of [`UPSTREAM`] that gain `ip_family` from 1.33 (upstream PR #129173,
+    /// docs/upstream-versions.md row 8).
+    const IP_FAMILY_FROM_1_33: &[&str] = &[
+        "kubeproxy_sync_proxy_rules_duration_seconds",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+        "kubeproxy_network_programming_duration_seconds",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+        "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+        "kubeproxy_sync_proxy_rules_iptables_total",
+        "kubeproxy_sync_proxy_rules_iptables_last",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+    ];
+
+    /// Upstream's label names of `name` in `release`, sorted as the exposition writes them.
+    fn upstream_labels(release: Release, name: &str, labels_1_29: &[&'static str]) -> Vec<&'static str> {
+        let mut labels = labels_1_29.to_vec();
+        if release >= Release::V1_33 && IP_FAMILY_FROM_1_33.contains(&name) {
+            labels.push("ip_family");
+        }
+        labels.sort_unstable();
+        labels
+    }
+
+    /// Writes every collector once (vectors are exported only once they have a child): a
+    /// queued sync, a successful full sync with an EndpointSlice trigger time, a failed
+    /// partial one, a restore failure outside a sync and one answer of each probe.
+    fn exercise(m: &Metrics, family: IpFamily) {
+        m.service_update_observed(2);
+        m.endpoint_slice_update_observed(true);
+        m.sync_queued(family, UNIX_EPOCH + Duration::from_millis(1_500));
+        let mut ok = report(true, Ok(()));
+        let trigger = Timestamp::new(990, 500_000_000).unwrap();
+        ok.endpoints_update.last_change_trigger_times.insert(NamespacedName::new("ns", "svc"), vec![trigger]);
+        m.record_sync(family, &ok, Duration::from_millis(20), at(1_000));
+        m.record_sync(family, &report(false, Err(restore_error())), Duration::from_millis(5), at(2_000));
         m.healthz_answered(200);
         m.livez_answered(503);
-        let fams = families(&m);
-        let expected: BTreeMap<&str, _> = UPSTREAM.iter().map(|(n, t, l, h)| (*n, (*t, *l, *h))).collect();
-        let got: Vec<&str> = fams.keys().map(String::as_str).collect();
-        assert_eq!(got, expected.keys().copied().collect::<Vec<_>>(), "metric names differ from upstream 1.29");
-        for (name, (ty, labels, help)) in expected {
-            let fam = &fams[name];
-            assert_eq!(fam.get_field_type(), ty, "{name}: type");
-            assert_eq!(fam.help(), format!("[ALPHA] {help}"), "{name}: help");
-            for metric in fam.get_metric() {
-                let names: Vec<&str> = metric.get_label().iter().map(|l| l.name()).collect();
-                assert_eq!(names, labels, "{name}: label names");
+        m.restore_failed(family);
+    }
+
+    #[test]
+    fn names_types_labels_and_help_match_upstream() {
+        for release in Release::all() {
+            let m = Metrics::new(release).unwrap();
+            exercise(&m, IpFamily::V4);
+            let fams = families(&m);
+            let expected: BTreeMap<&str, _> = UPSTREAM.iter().map(|(n, t, l, h)| (*n, (*t, *l, *h))).collect();
+            let got: Vec<&str> = fams.keys().map(String::as_str).collect();
+            assert_eq!(
+                got,
+                expected.keys().copied().collect::<Vec<_>>(),
+                "metric names differ from upstream {release}"
+            );
+            for (name, (ty, labels, help)) in expected {
+                let fam = &fams[name];
+                assert_eq!(fam.get_field_type(), ty, "{release} {name}: type");
+                assert_eq!(fam.help(), format!("[ALPHA] {help}"), "{release} {name}: help");
+                assert!(!fam.get_metric().is_empty(), "{release} {name}: no series");
+                for metric in fam.get_metric() {
+                    let names: Vec<&str> = metric.get_label().iter().map(|l| l.name()).collect();
+                    assert_eq!(names, upstream_labels(release, name, labels), "{release} {name}: label names");
+                }
             }
         }
+    }
+
+    /// Before 1.33 the exposition is byte for byte what it was when only 1.29 existed
+    /// (`src/testdata/metrics-1.29.txt` was written by that code): fresh, then after
+    /// [`exercise`].
+    #[test]
+    fn exposition_before_1_33_is_unchanged() {
+        let fixture = include_str!("testdata/metrics-1.29.txt");
+        for release in [Release::V1_29, Release::V1_32] {
+            let m = Metrics::new(release).unwrap();
+            let mut text = m.encode_text().unwrap();
+            text.push_str("---\n");
+            exercise(&m, IpFamily::V4);
+            text.push_str(&m.encode_text().unwrap());
+            assert_eq!(text, fixture, "{release}");
+        }
+        // Both families write the same series.
+        let m = Metrics::new(Release::V1_29).unwrap();
+        exercise(&m, IpFamily::V6);
+        assert_eq!(m.encode_text().unwrap(), fixture.split("---\n").nth(1).unwrap());
+    }
+
+    #[test]
+    fn exposition_from_1_33_has_ip_family() {
+        let m = Metrics::new(Release::V1_35).unwrap();
+        assert!(m.by_family());
+        // Per-sync vectors export nothing until a family wrote them, as upstream's.
+        let fresh = m.encode_text().unwrap();
+        assert!(!fresh.contains("kubeproxy_sync_proxy_rules_duration_seconds"), "{fresh}");
+        assert!(fresh.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total 0\n"), "{fresh}");
+
+        exercise(&m, IpFamily::V4);
+        m.record_sync(IpFamily::V6, &report(true, Ok(())), Duration::from_millis(1), at(3_000));
+        let text = m.encode_text().unwrap();
+        for line in [
+            r#"kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 2"#,
+            r#"kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1"#,
+            r#"kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 0"#,
+            r#"kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1"#,
+            r#"kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 0.005"#,
+            r#"kubeproxy_network_programming_duration_seconds_sum{ip_family="IPv4"} 9.5"#,
+            r#"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1000"#,
+            r#"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} 3000"#,
+            r#"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"} 1.5"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} 2"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"} 1"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"} 100"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv6",table="nat"} 40"#,
+            r#"kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv4",table="filter"} 7"#,
+            r#"kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="external"} 3"#,
+            "kubeproxy_sync_proxy_rules_service_changes_total 1",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0",
+            r#"kubeproxy_proxy_healthz_total{code="200"} 1"#,
+            r#"kubeproxy_proxy_livez_total{code="503"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        // IPv6 never queued nor failed: no series of its own there.
+        assert!(!text.contains(r#"last_queued_timestamp_seconds{ip_family="IPv6"}"#), "{text}");
+        assert!(!text.contains(r#"restore_failures_total{ip_family="IPv6"}"#), "{text}");
     }
 
     #[test]
@@ -557,7 +729,7 @@ mod tests {
         assert_eq!(&net[74..], &[120.0, 150.0, 180.0, 210.0, 240.0, 270.0, 300.0]);
         assert!(net.windows(2).all(|w| w[0] < w[1]));
 
-        let m = Metrics::new().unwrap();
+        let m = Metrics::new(Release::V1_29).unwrap();
         let text = m.encode_text().unwrap();
         assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.001\"} 0"), "{text}");
         assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"16.384\"} 0"), "{text}");
@@ -567,7 +739,7 @@ mod tests {
 
     #[test]
     fn successful_full_sync() {
-        let m = Metrics::new().unwrap();
+        let m = Metrics::new(Release::V1_29).unwrap();
         m.service_update_observed(2);
         m.endpoint_slice_update_observed(true);
         m.endpoint_slice_update_observed(false);
@@ -578,7 +750,7 @@ mod tests {
         let mut r = report(true, Ok(()));
         let trigger = Timestamp::new(990, 500_000_000).unwrap();
         r.endpoints_update.last_change_trigger_times.insert(NamespacedName::new("ns", "svc"), vec![trigger]);
-        m.record_sync(&r, Duration::from_millis(20), at(1_000));
+        m.record_sync(IpFamily::V4, &r, Duration::from_millis(20), at(1_000));
 
         assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_duration_seconds", None), 1.0);
         assert_eq!(gauge(&m, "kubeproxy_sync_full_proxy_rules_duration_seconds", None), 1.0);
@@ -601,8 +773,8 @@ mod tests {
 
     #[test]
     fn failed_partial_sync() {
-        let m = Metrics::new().unwrap();
-        m.record_sync(&report(false, Err(restore_error())), Duration::from_millis(5), at(2_000));
+        let m = Metrics::new(Release::V1_29).unwrap();
+        m.record_sync(IpFamily::V4, &report(false, Err(restore_error())), Duration::from_millis(5), at(2_000));
         assert_eq!(gauge(&m, "kubeproxy_sync_partial_proxy_rules_duration_seconds", None), 1.0);
         assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total", None), 1.0);
         assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", None), 1.0);
@@ -614,13 +786,13 @@ mod tests {
 
     #[test]
     fn failure_before_rendering_sets_no_rule_counts() {
-        let m = Metrics::new().unwrap();
+        let m = Metrics::new(Release::V1_29).unwrap();
         let err = SyncError::EnsureChain {
             table: Table::Filter,
             chain: "KUBE-SERVICES",
             source: IptablesError::Lock("busy".into()),
         };
-        m.record_sync(&report(true, Err(err)), Duration::from_millis(1), at(3_000));
+        m.record_sync(IpFamily::V4, &report(true, Err(err)), Duration::from_millis(1), at(3_000));
         assert_eq!(gauge(&m, "kubeproxy_sync_full_proxy_rules_duration_seconds", None), 1.0);
         assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total", None), 0.0);
         assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", None), 0.0);
@@ -629,15 +801,15 @@ mod tests {
 
     #[test]
     fn queued_timestamp_and_probe_counters() {
-        let m = Metrics::new().unwrap();
-        m.sync_queued(UNIX_EPOCH + Duration::from_millis(1_500));
+        let m = Metrics::new(Release::V1_29).unwrap();
+        m.sync_queued(IpFamily::V4, UNIX_EPOCH + Duration::from_millis(1_500));
         assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", None), 1.5);
         m.healthz_answered(200);
         m.healthz_answered(200);
         m.healthz_answered(503);
         assert_eq!(gauge(&m, "kubeproxy_proxy_healthz_total", Some("200")), 2.0);
         assert_eq!(gauge(&m, "kubeproxy_proxy_healthz_total", Some("503")), 1.0);
-        m.restore_failed();
+        m.restore_failed(IpFamily::V4);
         assert_eq!(gauge(&m, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total", None), 1.0);
     }
 }

@@ -67,6 +67,9 @@ async fn daemon_programs_follows_and_exits_cleanly() {
     ]);
     assert!(healthz.starts_with("HTTP/1.") && healthz.contains(" 200 "), "{healthz}\n{}", daemon.log_text());
     assert!(healthz.contains("lastUpdated"), "{healthz}");
+    // The default release (1.35) writes 1.33's json.Marshal body: no spaces, a per-family
+    // status, and the Node known from the API is eligible.
+    assert!(healthz.contains(r#","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":""#), "{healthz}");
 
     // SIGTERM: exit 0, rules stay, canaries go.
     daemon.signal("TERM");

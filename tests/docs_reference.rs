@@ -13,8 +13,10 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use clap::CommandFactory;
 use kube_proxy_rs::cli::{Cli, DaemonArgs};
+use kube_proxy_rs::compat::Release;
 use kube_proxy_rs::config::{KubeProxyConfiguration, OutputRouting, Quantity, VModuleItem};
 use kube_proxy_rs::metrics::Metrics;
+use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::options;
 use kube_proxy_rs::proxier::{RenderStats, SyncReport};
 use kube_proxy_rs::tracker::{EndpointsUpdateResult, ServiceUpdateResult};
@@ -225,17 +227,17 @@ fn documented_fields_are_exactly_the_file_format() {
 
 // ---- Metrics -----------------------------------------------------------------------------
 
-/// A metrics registry in which every collector has been written, so that `gather` lists the
-/// labelled ones too.
-fn exercised_metrics() -> Metrics {
-    let m = Metrics::new().expect("metrics");
+/// A metrics registry of `release` in which every collector has been written, so that
+/// `gather` lists the labelled ones too.
+fn exercised_metrics(release: Release) -> Metrics {
+    let m = Metrics::new(release).expect("metrics");
     m.service_update_observed(1);
     m.endpoint_slice_update_observed(true);
-    m.sync_queued(UNIX_EPOCH + Duration::from_secs(1));
-    m.restore_failed();
+    m.sync_queued(IpFamily::V4, UNIX_EPOCH + Duration::from_secs(1));
+    m.restore_failed(IpFamily::V4);
     m.healthz_answered(200);
     m.livez_answered(200);
-    let sync = SyncReport {
+    let mut sync = SyncReport {
         full: true,
         payload: String::new(),
         stats: RenderStats { nat_rules: 3, filter_rules: 1, ..RenderStats::default() },
@@ -246,7 +248,18 @@ fn exercised_metrics() -> Metrics {
         elapsed: Duration::from_millis(2),
         service_health: None,
     };
-    m.record_sync(&sync, sync.elapsed, UNIX_EPOCH + Duration::from_secs(2));
+    m.record_sync(IpFamily::V4, &sync, sync.elapsed, UNIX_EPOCH + Duration::from_secs(2));
+    // A failed partial sync, so the partial-failure counter has a series in every release.
+    sync.full = false;
+    sync.result = Err(kube_proxy_rs::proxier::SyncError::Restore {
+        source: kube_proxy_rs::iptables::IptablesError::RestoreLine {
+            command: "iptables-restore".into(),
+            line: 1,
+            output: String::new(),
+        },
+        context: String::new(),
+    });
+    m.record_sync(IpFamily::V4, &sync, sync.elapsed, UNIX_EPOCH + Duration::from_secs(3));
     m
 }
 
@@ -262,7 +275,7 @@ fn type_name(t: MetricType) -> &'static str {
 
 #[test]
 fn every_metric_is_documented() {
-    let families = exercised_metrics().registry().gather();
+    let families = exercised_metrics(Release::V1_29).registry().gather();
     let code: BTreeSet<String> = families.iter().map(|f| f.name().to_string()).collect();
     assert!(code.len() >= 17, "{code:?}");
 
@@ -272,11 +285,13 @@ fn every_metric_is_documented() {
         .find(|t| t.header.first().is_some_and(|h| h == "Metric"))
         .expect("docs/metrics.md has a table whose first column is Metric");
     let col = |name: &str| table.header.iter().position(|h| h == name).unwrap_or_else(|| panic!("no {name} column"));
-    let (type_col, labels_col) = (col("Type"), col("Labels"));
+    let (type_col, labels_col, family_col) = (col("Type"), col("Labels"), col("`ip_family` from 1.33"));
     let mut docs = BTreeMap::new();
+    let mut by_family = BTreeMap::new();
     for row in &table.rows {
         let name = code_spans(&row[0]).into_iter().next().unwrap_or_else(|| panic!("Metric cell: {:?}", row[0]));
-        docs.insert(name, (row[type_col].clone(), code_spans(&row[labels_col]).into_iter().next()));
+        docs.insert(name.clone(), (row[type_col].clone(), code_spans(&row[labels_col]).into_iter().next()));
+        by_family.insert(name, row[family_col].trim() == "yes");
     }
     compare("metrics (docs/metrics.md)", &code, &docs.keys().cloned().collect());
 
@@ -288,6 +303,17 @@ fn every_metric_is_documented() {
             labels,
             doc_label.iter().map(String::as_str).collect::<Vec<_>>(),
             "{}: Labels column",
+            family.name()
+        );
+    }
+
+    // From 1.33 the metrics marked `yes` carry ip_family, the others keep their labels.
+    for family in exercised_metrics(Release::NEWEST).registry().gather() {
+        let labels: Vec<&str> = family.get_metric()[0].get_label().iter().map(|l| l.name()).collect();
+        assert_eq!(
+            labels.contains(&"ip_family"),
+            by_family[family.name()],
+            "{}: `ip_family` from 1.33 column ({labels:?})",
             family.name()
         );
     }
