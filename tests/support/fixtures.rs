@@ -141,6 +141,13 @@ impl SvcBuilder {
         self
     }
 
+    /// `spec.trafficDistribution` (kube-proxy never reads it; the EndpointSlice controller
+    /// writes hints because of it).
+    pub fn traffic_distribution(mut self, value: &str) -> Self {
+        self.spec().traffic_distribution = Some(value.into());
+        self
+    }
+
     pub fn annotation(mut self, k: &str, v: &str) -> Self {
         self.0.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(k.into(), v.into());
         self
