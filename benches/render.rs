@@ -89,6 +89,7 @@ fn main() {
                 interface_addrs: &[],
                 changed: None,
                 existing_nat_chains: None,
+                nfacct: Default::default(),
             };
             let t = Instant::now();
             let r = render::render(&cfg, &input, &RenderState::default());
@@ -110,6 +111,7 @@ fn main() {
         interface_addrs: &[],
         changed: None,
         existing_nat_chains: None,
+        nfacct: Default::default(),
     };
     let mut full = render::render(&cfg, &input, &RenderState::default());
     let mut state = RenderState::default();
@@ -138,6 +140,7 @@ fn main() {
             interface_addrs: &[],
             changed: Some(&changed),
             existing_nat_chains: Some(&existing),
+            nfacct: Default::default(),
         };
         let t_render = Instant::now();
         let mut r = render::render(&cfg, &input, &state);

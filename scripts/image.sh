@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the kube-proxy-rs container image without a container engine or a registry: a Debian
 # bookworm root filesystem from Debian packages (mmdebstrap: iptables with both the nft and
-# legacy backends, ip6tables, nftables' `nft`, conntrack) plus the stripped release binary at
+# legacy backends, ip6tables, nftables' `nft`, conntrack, nfacct) plus the stripped release binary at
 # /usr/local/bin/kube-proxy-rs, written as an OCI image (umoci) in two layers: the Debian base
 # (shared between versions) and the binary.
 #
@@ -94,7 +94,7 @@ touch -d "@$epoch" "$out/kube-proxy-rs" "$out/kube-proxy-rs.debug"
 # ---- The Debian layer (cached) ----------------------------------------------------------
 mirror=${KPRS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${KPRS_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
-packages=iptables,nftables,conntrack,ca-certificates
+packages=iptables,nftables,conntrack,nfacct,ca-certificates
 debstrap=(
     --variant=essential
     --include="$packages"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system tools the tests use (iptables with both backends, iproute2, conntrack,
-# openssl for test certificates, unshare, nft for reading chain names on iptables-nft hosts;
+# openssl for test certificates, unshare, nft for reading chain names on iptables-nft hosts,
+# nfacct for the accounting objects rules of 1.31 and later count with;
 # mmdebstrap, umoci and binutils for the image test, which builds the image with
 # scripts/image.sh).
 # Idempotent: does nothing when they are present. Needs root to install; without root it
@@ -14,6 +15,7 @@ command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v nfacct >/dev/null 2>&1 || need+=(nfacct)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 command -v umoci >/dev/null 2>&1 || need+=(umoci)
 command -v readelf >/dev/null 2>&1 || need+=(binutils)

@@ -255,7 +255,8 @@ async fn daemon_main(
         iptables_v6: Some(v6),
         sysctl,
         interfaces: interfaces.clone(),
-        conntrack: Some(Arc::new(crate::conntrack::ExecConntrack::new(exec))),
+        conntrack: Some(Arc::new(crate::conntrack::ExecConntrack::new(exec.clone()))),
+        nfacct: Some(Arc::new(crate::nfacct::ExecNfacct::new(exec))),
         events: events.clone(),
     };
     let daemon = Daemon::build(&settings, hostname.clone(), node.as_ref(), &deps)?;

@@ -231,6 +231,11 @@ impl Features {
         }
     }
 
+    /// Whether rules count with nfacct objects (added in 1.31, no gate).
+    pub fn nfacct_counters(&self) -> bool {
+        self.release >= Release::V1_31
+    }
+
     /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
     pub fn node_port_addresses_primary(&self) -> bool {
         self.release >= Release::V1_31

@@ -773,6 +773,10 @@ pub struct KubeProxyConfiguration {
     /// Unused since the userspace proxy was removed; still parsed as a port range.
     #[serde(deserialize_with = "null_default")]
     pub port_range: String,
+    /// Windows service control manager integration (added in 1.31, Windows only):
+    /// accepted and ignored, so that configuration files written by 1.31+ load.
+    #[serde(deserialize_with = "null_default", skip_serializing_if = "is_false")]
+    pub windows_run_as_service: bool,
 }
 
 impl Default for KubeProxyConfiguration {
@@ -805,6 +809,7 @@ impl Default for KubeProxyConfiguration {
             conntrack: ConntrackConfig::default(),
             config_sync_period: GoDuration::ZERO,
             port_range: String::new(),
+            windows_run_as_service: false,
         }
     }
 }
@@ -1952,5 +1957,19 @@ winkernel:
         cfg.iptables.masquerade_bit = Some(99);
         let errs = Settings::from_config(&cfg).unwrap_err();
         assert_eq!(errs[0].field, "iptables.masqueradeBit");
+    }
+
+    #[test]
+    fn files_written_by_newer_releases_load() {
+        // 1.31 added windowsRunAsService (omitempty); our extension field rides along.
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                    windowsRunAsService: true\ncompatibilityVersion: \"1.31\"\n";
+        let cfg = parse_config(text, Path::new("c.yaml")).expect("loads");
+        assert!(cfg.windows_run_as_service);
+        let settings = Settings::from_config(&cfg).expect("valid");
+        assert_eq!(settings.features.release, crate::compat::Release::V1_31);
+        // Neither is written back when unset, so our files stay readable by upstream.
+        let written = serde_yaml::to_string(&KubeProxyConfiguration::default().with_defaults()).expect("yaml");
+        assert!(!written.contains("windowsRunAsService") && !written.contains("compatibilityVersion"), "{written}");
     }
 }

@@ -27,6 +27,7 @@ use crate::k8s::ProxierSet;
 use crate::metrics::Metrics;
 use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
+use crate::nfacct::Nfacct;
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, ServiceHealthState, SyncReport};
@@ -56,6 +57,8 @@ pub struct DaemonDeps {
     pub sysctl: Arc<dyn Sysctl>,
     pub interfaces: Arc<dyn NetworkInterfaces>,
     pub conntrack: Option<Arc<dyn Conntrack>>,
+    /// Netfilter accounting objects (rules of 1.31 and later count with them).
+    pub nfacct: Option<Arc<dyn Nfacct>>,
     /// Where Kubernetes Events go (the start-up event, health-check failures).
     pub events: Arc<dyn EventRecorder>,
 }
@@ -153,6 +156,9 @@ impl Daemon {
                 .with_progress(Arc::new(move || progress_health.sync_progress(family)));
             if let Some(ct) = &deps.conntrack {
                 proxier = proxier.with_conntrack(ct.clone());
+            }
+            if let Some(nfacct) = &deps.nfacct {
+                proxier = proxier.with_nfacct(nfacct.clone());
             }
             if let Some(node) = node {
                 proxier.on_node_update(Some(node));

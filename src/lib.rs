@@ -34,6 +34,7 @@ pub mod k8s;
 pub mod manifest;
 pub mod metrics;
 pub mod model;
+pub mod nfacct;
 pub mod oom;
 pub mod options;
 pub mod proxier;

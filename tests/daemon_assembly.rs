@@ -41,6 +41,7 @@ fn deps(v6_present: bool) -> (Fakes, DaemonDeps) {
         sysctl: sysctl.clone(),
         interfaces: Arc::new(StaticInterfaces(Vec::new())),
         conntrack: Some(Arc::new(FakeConntrack::new())),
+        nfacct: None,
         events: Arc::new(kube_proxy_rs::events::NoopEventRecorder),
     };
     (Fakes { v4, v6, sysctl }, deps)

@@ -194,6 +194,7 @@ fn every_field_set() -> KubeProxyConfiguration {
     let mut cfg = effective_defaults();
     cfg.feature_gates.insert("SomeGate".into(), true);
     cfg.compatibility_version = "1.31".into();
+    cfg.windows_run_as_service = true;
     cfg.logging.vmodule = Some(vec![VModuleItem { file_pattern: "proxier*".into(), verbosity: 4 }]);
     cfg.logging.options.json.split_stream = true;
     cfg.logging.options.text = Some(OutputRouting { split_stream: true, info_buffer_size: Some(Quantity("0".into())) });

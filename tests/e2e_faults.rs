@@ -125,6 +125,7 @@ impl Testbed {
             sysctl: Arc::new(kube_proxy_rs::sysctl::FakeSysctl::new()),
             interfaces: Arc::new(StaticInterfaces(interface_addresses(&self.node_ns))),
             conntrack: None,
+            nfacct: None,
             events: Arc::new(kube_proxy_rs::events::NoopEventRecorder),
         };
         let daemon = Daemon::build(&settings, hostname, node.as_ref(), &deps).expect("daemon assembles");

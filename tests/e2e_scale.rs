@@ -28,7 +28,7 @@ use kube_proxy_rs::proxier::chains::endpoint_chain_name;
 use kube_proxy_rs::synthetic::{self, ClusterShape};
 
 use crate::require_root;
-use crate::support::e2e::{BIN, DaemonProcess, TempDir, daemon_args, topology};
+use crate::support::e2e::{BIN, DaemonProcess, TempDir, create_nfacct_objects, daemon_args, topology};
 use crate::support::netns::Netns;
 
 const NODE: &str = "node-e2e";
@@ -278,6 +278,7 @@ async fn scale_regression_guard() {
     let payload = full_payload(&dir, services);
     let reference = Netns::create("scale-ref");
     reference.ok(&["iptables-nft", "-t", "mangle", "-N", "KUBE-KUBELET-CANARY"]);
+    create_nfacct_objects(&reference);
     let body: String = payload.lines().filter(|l| !l.starts_with("# sync")).map(|l| format!("{l}\n")).collect();
     let out = reference.run_with_stdin(&["iptables-nft-restore", "--noflush"], &body);
     assert!(out.success(), "reference restore: {}", out.combined());
@@ -445,6 +446,7 @@ async fn scale_benchmark() {
         upstream_partial.as_secs_f64()
     );
     let fresh = Netns::create("bench-up");
+    create_nfacct_objects(&fresh);
     let input = dir.path().join("payload");
     std::fs::write(&input, &body).expect("payload");
     let t = Instant::now();

@@ -133,6 +133,7 @@ fn diff_in(ns: &Netns, cluster: &Path) -> Output {
 fn diff_finds_nothing_on_restored_rules_then_reports_each_change() {
     require_root!();
     let ns = Netns::create("diff");
+    crate::support::e2e::create_nfacct_objects(&ns);
     for scenario in ["nodeport", "session-affinity", "loadbalancer-source-ranges", "clusterip-probabilities"] {
         let cluster = golden(scenario).join("cluster.yaml");
         let render = std::process::Command::new(BIN)

@@ -47,6 +47,7 @@ fn daemon_on(events: Arc<FakeEventRecorder>, dual_stack: bool, v4: Arc<FakeIptab
         sysctl: Arc::new(FakeSysctl::new()),
         interfaces: Arc::new(StaticInterfaces(Vec::new())),
         conntrack: None,
+        nfacct: None,
         events,
     };
     let n = node(NODE, &[], &["10.0.1.0/24", "fd00:10:1::/64"], &["198.18.0.2", "fd00::2"]);

@@ -49,6 +49,7 @@ fn render_output_is_accepted_by_real_iptables_restore() {
 
     for backend in ["nft", "legacy"] {
         let ns = Netns::create(backend);
+        crate::support::e2e::create_nfacct_objects(&ns);
         let restore = format!("iptables-{backend}-restore");
         let save = format!("iptables-{backend}-save");
         // Someone else's rules, which must survive every restore.
@@ -236,6 +237,7 @@ fn addresses_not_in_canonical_form_are_skipped_and_the_payload_restores() {
     require_root!();
     for backend in ["nft", "legacy"] {
         let ns = Netns::create(&format!("hostile-{backend}"));
+        crate::support::e2e::create_nfacct_objects(&ns);
         for (tool, payload) in [("iptables", &v4), ("ip6tables", &v6)] {
             let out = ns.run_with_stdin(&[&format!("{tool}-{backend}-restore"), "--noflush"], payload);
             assert!(out.success(), "{tool}-{backend}: payload rejected: {}\n{payload}", out.combined());

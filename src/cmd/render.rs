@@ -175,7 +175,10 @@ pub fn render_snapshots(
     };
     let kernel = Arc::new(ChainTracker::new(family, random_fully));
     let interface_addrs_for_report = interface_addrs.clone();
-    let mut proxier = Proxier::new(cfg, kernel, Arc::new(StaticInterfaces(interface_addrs)));
+    // The accounting objects exist (releases 1.31 and later name them in their rules), as
+    // upstream's unit tests assume and as a node with nfacct support has them.
+    let mut proxier = Proxier::new(cfg, kernel, Arc::new(StaticInterfaces(interface_addrs)))
+        .with_nfacct(Arc::new(crate::nfacct::FakeNfacct::new()));
 
     // Snapshots are taken to arrive a sync period apart, so large-cluster mode also cleans
     // up stale chains on every sync, as the daemon would eventually.

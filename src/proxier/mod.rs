@@ -22,6 +22,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::conntrack::{Conntrack, clean_stale_entries};
 use crate::iptables::{self, FlushFlag, Iptables, RestoreCounters, RulePosition, Table};
 use crate::model::NamespacedName;
+use crate::nfacct::{Nfacct, NfacctCounters};
 use crate::proxier::chains::NatChains;
 use crate::tracker::{
     ChangeObserver, ChangeRecorder, EndpointsMap, EndpointsUpdateResult, HealthCheckNodePorts, LocalReadyEndpoints,
@@ -253,6 +254,10 @@ pub struct Proxier {
     conntrack: Option<Arc<dyn Conntrack>>,
     /// Told after each step of a restore that succeeded (liveness).
     progress: Option<SyncProgress>,
+    /// Creates the accounting objects the rules of 1.31 and later count with.
+    nfacct: Option<Arc<dyn Nfacct>>,
+    /// The accounting objects the last full sync made sure of.
+    nfacct_counters: NfacctCounters,
 }
 
 /// Called after each step of a restore that succeeded.
@@ -287,6 +292,8 @@ impl Proxier {
             last_cleanup: None,
             conntrack: None,
             progress: None,
+            nfacct: None,
+            nfacct_counters: NfacctCounters::default(),
         }
     }
 
@@ -299,6 +306,13 @@ impl Proxier {
     /// upstream does at the end of `syncProxyRules`.
     pub fn with_conntrack(mut self, conntrack: Arc<dyn Conntrack>) -> Self {
         self.conntrack = Some(conntrack);
+        self
+    }
+
+    /// Makes sure of the accounting objects through `nfacct` on every full sync, and names
+    /// the ones that exist in the rules (releases 1.31 and later), as upstream.
+    pub fn with_nfacct(mut self, nfacct: Arc<dyn Nfacct>) -> Self {
+        self.nfacct = Some(nfacct);
         self
     }
 
@@ -413,6 +427,11 @@ impl Proxier {
                 return SyncOutcome::Synced(Box::new(self.failed(report, e)));
             }
             self.render_state.reset();
+            if let Some(nfacct) = &self.nfacct
+                && self.cfg.render.features.nfacct_counters()
+            {
+                self.nfacct_counters = NfacctCounters::ensure(nfacct.as_ref());
+            }
         }
 
         let changed: Option<HashSet<NamespacedName>> = try_partial.then(|| {
@@ -462,6 +481,7 @@ impl Proxier {
             interface_addrs: &interface_addrs,
             changed: changed.as_ref(),
             existing_nat_chains: existing,
+            nfacct: self.nfacct_counters,
         };
         let rendering = Instant::now();
         let mut rendered = render::render(&self.cfg.render, &input, &self.render_state);

@@ -20,6 +20,7 @@ use crate::compat::Features;
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
 };
+use crate::nfacct::{self, NfacctCounters};
 use crate::proxier::chains::{self, ChainKey, ChainName, KeySet, NatChains, chain_name};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
@@ -65,6 +66,8 @@ pub struct RenderInput<'a> {
     pub changed: Option<&'a HashSet<NamespacedName>>,
     /// The per-service nat chains the kernel holds, when stale chains are to be cleaned up.
     pub existing_nat_chains: Option<&'a NatChains>,
+    /// The accounting objects the rules may name (none before 1.31).
+    pub nfacct: NfacctCounters,
 }
 
 /// Top-level chain contents as last written successfully, so a partial sync can leave the
@@ -441,6 +444,17 @@ impl<'a> Renderer<'a> {
         if svc.node_port != 0 {
             let node_port = svc.node_port;
             if cat.has_any_endpoints {
+                // 1.31+ counts loopback NodePort traffic first (same target: no traffic change).
+                if self.cfg.localhost_nodeports
+                    && self.cfg.family == IpFamily::V4
+                    && self.input.nfacct.localhost_nodeports_accepted
+                {
+                    let _ = writeln!(
+                        self.nat_nodeports,
+                        "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} -d 127.0.0.0/8 --dport {node_port} -m nfacct --nfacct-name {} -j {external_chain}",
+                        nfacct::LOCALHOST_NODEPORTS_ACCEPTED
+                    );
+                }
                 let _ = writeln!(
                     self.nat_nodeports,
                     "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} --dport {node_port} -j {external_chain}"
@@ -690,7 +704,15 @@ impl<'a> Renderer<'a> {
         // Fixed top-level chains.
         let mut forward = String::new();
         if !cfg.conntrack_tcp_liberal {
-            forward.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
+            if self.input.nfacct.ct_state_invalid_dropped {
+                let _ = writeln!(
+                    forward,
+                    "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name {} -j DROP",
+                    nfacct::CT_STATE_INVALID_DROPPED
+                );
+            } else {
+                forward.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
+            }
         }
         let _ = writeln!(
             forward,

@@ -418,7 +418,7 @@ impl Tracer<'_> {
                     true
                 }
                 // No entry for a first packet: `! --rcheck` matches, `--rcheck` is a branch.
-                Match::RecentSet { .. } => true,
+                Match::RecentSet { .. } | Match::Nfacct { .. } => true,
                 Match::RecentCheck { neg, .. } => {
                     affinity |= !*neg;
                     true

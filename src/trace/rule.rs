@@ -155,6 +155,10 @@ pub enum Match {
     RecentSet {
         name: String,
     },
+    /// `-m nfacct --nfacct-name NAME` (1.31+ accounting): counts, always matches.
+    Nfacct {
+        name: String,
+    },
 }
 
 /// What a rule does when it matches.
@@ -252,8 +256,20 @@ pub fn split_words(text: &str) -> Result<Vec<String>, RuleError> {
 }
 
 /// Match modules whose options the parser knows.
-const KNOWN_MODULES: &[&str] =
-    &["comment", "tcp", "udp", "sctp", "addrtype", "mark", "statistic", "recent", "conntrack", "state", "multiport"];
+const KNOWN_MODULES: &[&str] = &[
+    "comment",
+    "tcp",
+    "udp",
+    "sctp",
+    "addrtype",
+    "mark",
+    "statistic",
+    "recent",
+    "conntrack",
+    "state",
+    "multiport",
+    "nfacct",
+];
 
 /// Parses the words after `-A CHAIN`.
 pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
@@ -401,6 +417,10 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
                 unsupported.get_or_insert("unsupported statistic mode nth".into());
             }
             "--name" => recent_name = Some(value(&mut i, w)?),
+            "--nfacct-name" => {
+                let name = value(&mut i, w)?;
+                rule.matches.push(Match::Nfacct { name });
+            }
             "--rcheck" | "--update" => recent_check = Some(was_neg),
             "--set" => recent_set = true,
             "--rsource" | "--rdest" | "--reap" => {}
@@ -703,6 +723,17 @@ mod tests {
         let r = parse_rule("-p tcp -m multiport --dports 80,8000:8080 -g KUBE-X").unwrap();
         assert_eq!(r.matches[1], Match::DestPort { neg: false, ranges: vec![(80, 80), (8000, 8080)] });
         assert_eq!(r.target, Target::Goto("KUBE-X".into()));
+        // 1.31+ accounting; iptables-save puts two spaces before the name and moves -d first.
+        let saved = parse_rule(
+            "-d 127.0.0.0/8 -p tcp -m comment --comment \"a/b:http\" -m tcp --dport 30080 -m nfacct --nfacct-name  localhost_nps_accepted_pkts -j KUBE-EXT-A",
+        )
+        .unwrap();
+        let rendered = parse_rule(
+            "-m comment --comment a/b:http -m tcp -p tcp -d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-A",
+        )
+        .unwrap();
+        assert!(saved.matches.contains(&Match::Nfacct { name: "localhost_nps_accepted_pkts".into() }));
+        assert_eq!(saved.key(), rendered.key());
     }
 
     #[test]
