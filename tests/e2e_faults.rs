@@ -125,7 +125,8 @@ impl Testbed {
             sysctl: Arc::new(kube_proxy_rs::sysctl::FakeSysctl::new()),
             interfaces: Arc::new(StaticInterfaces(interface_addresses(&self.node_ns))),
             conntrack: None,
-            nfacct: None,
+            // The node under test has nfacct: its rules name the accounting objects.
+            nfacct: Some(Arc::new(kube_proxy_rs::nfacct::FakeNfacct::new())),
             events: Arc::new(kube_proxy_rs::events::NoopEventRecorder),
         };
         let daemon = Daemon::build(&settings, hostname, node.as_ref(), &deps).expect("daemon assembles");
@@ -156,6 +157,7 @@ impl Testbed {
                 SyncOutcome::NotInitialized => panic!("expected-state proxier not initialized"),
             }
             let reference = Netns::create("ref");
+            crate::support::e2e::create_nfacct_objects(&reference);
             let ipt = reference.runner(Backend::Nft, f.family);
             ipt.restore_all(fakes[&f.family].save_all().as_bytes(), FlushFlag::Flush, RestoreCounters::NoCounters)
                 .expect("the expected rules restore into a real kernel");

@@ -162,8 +162,7 @@ fn rules_from_stdin_from_manifests_and_from_a_file_agree() {
     // Manifests: the node's addresses come from its Node object (192.168.10.11); rendered as
     // the release the golden file is (line numbers are compared).
     let cluster = dir.join("cluster.yaml").display().to_string();
-    let mut from_manifests =
-        vec!["--hostname-override", "node-a", "--compatibility-version", "1.29", cluster.as_str()];
+    let mut from_manifests = vec!["--hostname-override", "node-a", "--compatibility-version", "1.29", cluster.as_str()];
     from_manifests.extend(common);
     let c = json(&trace(&from_manifests));
 
