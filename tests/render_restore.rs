@@ -246,3 +246,88 @@ fn addresses_not_in_canonical_form_are_skipped_and_the_payload_restores() {
         assert!(!saved.contains("8.1.1.1") && !saved.contains("10.0.0.0/8"), "{backend}: octal reading:\n{saved}");
     }
 }
+
+/// Services whose names would break the restore input (a port name with a newline and a
+/// rule of its own, one with a quote, a namespace with a space) next to a valid one.
+const HOSTILE_NAMES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns1, name: inject}
+spec:
+  clusterIP: 172.30.9.1
+  ports: [{name: "x\n-A INPUT -j ACCEPT", port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns1, name: inject-1, labels: {kubernetes.io/service-name: inject}}
+addressType: IPv4
+ports: [{name: "x\n-A INPUT -j ACCEPT", port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.9.1]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns1, name: quote}
+spec:
+  clusterIP: 172.30.9.2
+  ports: [{name: "q\"uote", port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns1, name: quote-1, labels: {kubernetes.io/service-name: quote}}
+addressType: IPv4
+ports: [{name: "q\"uote", port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.9.2]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: "n s", name: spaced}
+spec:
+  clusterIP: 172.30.9.3
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns1, name: fine}
+spec:
+  clusterIP: 172.30.9.4
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns1, name: fine-1, labels: {kubernetes.io/service-name: fine}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.9.4]}]
+"#;
+
+/// Names that would inject lines or break quoting are skipped with a warning naming the
+/// object; the valid service is rendered and the payload restores into a real kernel.
+#[test]
+fn names_that_would_break_the_restore_input_are_skipped() {
+    let dir = std::env::temp_dir().join(format!("kpr-hostile-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let file = dir.join("cluster.yaml");
+    std::fs::write(&file, HOSTILE_NAMES).expect("write");
+    let out = Command::new(BIN).args(["render", "--hostname-override", "node-a"]).arg(&file).output().expect("render");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let payload = syncs(&String::from_utf8_lossy(&out.stdout)).remove(0);
+    let warnings = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!payload.contains("-A INPUT"), "an injected rule:\n{payload}");
+    for gone in ["172.30.9.1", "172.30.9.2", "172.30.9.3", "uote", "n s/"] {
+        assert!(!payload.contains(gone), "{gone} must not be written:\n{payload}");
+    }
+    assert!(payload.contains("-d 172.30.9.4 ") && payload.contains("10.244.9.4:8080"), "{payload}");
+    for named in ["\"inject\"", "\"quote\"", "\"n s\""] {
+        assert!(
+            warnings.lines().any(|l| l.contains(named) && l.contains("cannot be written into rule comments")),
+            "no warning for {named}:\n{warnings}"
+        );
+    }
+
+    require_root!();
+    let ns = Netns::create("hostile-names");
+    crate::support::e2e::create_nfacct_objects(&ns);
+    let restored = ns.run_with_stdin(&["iptables-nft-restore", "--noflush"], &payload);
+    assert!(restored.success(), "payload rejected: {}\n{payload}", restored.combined());
+}

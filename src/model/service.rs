@@ -128,6 +128,13 @@ pub enum InvalidService {
     HealthCheckNodePort { service: NamespacedName, port: i32 },
     #[error("service {service}: spec.sessionAffinityConfig.clientIP.timeoutSeconds {seconds} is outside 1-86400")]
     AffinityTimeout { service: NamespacedName, seconds: i32 },
+    /// A name that goes into rule comments holds characters the restore input cannot carry
+    /// (API servers only allow DNS labels): it could break the line or end the quoted
+    /// comment, costing every service its rules or adding rules of its own.
+    #[error(
+        "service {namespace:?}/{name:?}: {field} {value:?} cannot be written into rule comments (only letters, digits, '-', '.' and '_', at most 63)"
+    )]
+    Name { namespace: String, name: String, field: &'static str, value: String },
 }
 
 /// The ports of `svc` that a proxier for `family` serves, in `spec.ports` order.
@@ -149,10 +156,27 @@ pub fn service_ports(
     let Some(cluster_ip_text) = cluster_ip_for_family(spec, family) else {
         return Ok(Vec::new());
     };
-    let service = NamespacedName::new(
-        svc.metadata.namespace.clone().unwrap_or_default(),
-        svc.metadata.name.clone().unwrap_or_default(),
-    );
+    let (namespace, name) =
+        (svc.metadata.namespace.as_deref().unwrap_or(""), svc.metadata.name.as_deref().unwrap_or(""));
+    let bad_name = |field: &'static str, value: &str| InvalidService::Name {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        field,
+        value: value.to_owned(),
+    };
+    if !is_comment_safe(namespace) {
+        return Err(bad_name("metadata.namespace", namespace));
+    }
+    if !is_comment_safe(name) {
+        return Err(bad_name("metadata.name", name));
+    }
+    for port in spec.ports.iter().flatten() {
+        let port_name = port.name.as_deref().unwrap_or("");
+        if !port_name.is_empty() && !is_comment_safe(port_name) {
+            return Err(bad_name("spec.ports[].name", port_name));
+        }
+    }
+    let service = NamespacedName::new(namespace.to_owned(), name.to_owned());
     let cluster_ip = match ip::parse_ip_sloppy(cluster_ip_text) {
         Some(addr) if IpFamily::of(&addr) == family => ip::format_ip(&addr),
         _ => {
@@ -330,6 +354,15 @@ impl SharedFields {
             hints_enabled: hints_enabled(svc, features),
         })
     }
+}
+
+/// A name rule comments can carry as upstream writes them (unquoted in endpoint chains,
+/// inside `"..."` elsewhere) and iptables reads back unchanged: no whitespace, quotes,
+/// backslashes or control characters, and short enough for the 256-byte comment with the
+/// other parts. A superset of the DNS labels API servers require (upstream's own unit tests
+/// use names like `validIPv4`).
+fn is_comment_safe(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 63 && s.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'))
 }
 
 /// The addresses of `family` among `texts`, kept as written: 1.29 stores these as strings
@@ -821,5 +854,25 @@ mod tests {
         // The same name with another protocol is a different port.
         let ok = base().port("dns", "TCP", 53).port("dns", "UDP", 53).build();
         assert_eq!(ports(&ok, IpFamily::V4).len(), 2);
+    }
+
+    #[test]
+    fn names_that_cannot_be_written_into_comments_are_rejected() {
+        for (ns, name, port, field) in [
+            ("ns1", "svc1", "x\n-A INPUT -j ACCEPT", "spec.ports[].name"),
+            ("ns1", "svc1", "q\"uote", "spec.ports[].name"),
+            ("n s", "svc1", "http", "metadata.namespace"),
+            ("ns1", "a b", "http", "metadata.name"),
+            ("ns1", "svc\\1", "http", "metadata.name"),
+            ("", "svc1", "http", "metadata.namespace"),
+        ] {
+            let svc = service(ns, name).cluster_ip("172.30.0.1").port(port, "TCP", 80).build();
+            let err = service_ports(&svc, IpFamily::V4, &v1_29()).unwrap_err();
+            assert!(matches!(&err, InvalidService::Name { field: f, .. } if *f == field), "{ns}/{name}:{port}: {err}");
+            assert!(!err.to_string().contains('\n'), "the message escapes what it quotes: {err}");
+        }
+        // An unnamed port (single-port services) is fine.
+        let svc = service("ns1", "svc1").cluster_ip("172.30.0.1").port("", "TCP", 80).build();
+        assert_eq!(service_ports(&svc, IpFamily::V4, &v1_29()).unwrap().len(), 1);
     }
 }
