@@ -102,6 +102,8 @@ pub fn run_daemon(
 ) -> Result<(), AppError> {
     let settings = crate::config::Settings::from_config(cfg)
         .map_err(|errs| AppError::Config(errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
+    // Before any thread or socket exists, as Go's runtime does it for upstream.
+    crate::fd_limit::raise_open_file_limit(&crate::fd_limit::ProcessOpenFileLimit);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(AppError::Runtime)?;
     let config_json = serde_json::to_value(cfg).unwrap_or(serde_json::Value::Null);
     runtime.block_on(daemon_main(

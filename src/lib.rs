@@ -26,6 +26,7 @@ pub mod conntrack;
 pub mod daemon;
 pub mod events;
 pub mod exec;
+pub mod fd_limit;
 pub mod health;
 pub mod healthcheck;
 pub mod http;

@@ -198,6 +198,41 @@ async fn init_only_sets_sysctls_and_exits() {
     assert!(!nat(&node_ns).contains("KUBE-SERVICES"), "--init-only must not program rules");
 }
 
+/// The daemon raises its soft open-file limit to the hard one at start-up (as Go's runtime
+/// does for upstream), so idle connections cannot starve iptables-restore of descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_file_limit_is_raised_at_start() {
+    require_root!();
+    let (_api_ns, node_ns, server) = topology("e2enofile").await;
+    server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
+    let dir = TempDir::new("e2enofile");
+    let kubeconfig = dir.kubeconfig(&server);
+    let out = Command::new("prlimit")
+        .args([
+            "--nofile=256:4096",
+            "ip",
+            "netns",
+            "exec",
+            &node_ns.name,
+            BIN,
+            "--init-only",
+            "--hostname-override=node-e2e",
+        ])
+        .args(["--conntrack-max-per-core=0", "-v=2"])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .output()
+        .expect("run --init-only under prlimit");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "--init-only failed: {stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("raised the open-file limit")
+            && l.contains("from=256")
+            && l.contains("open_files=4096")),
+        "{stderr}"
+    );
+}
+
 /// detect-local-mode NodeCIDR: nothing is programmed until the node gets its podCIDRs; the
 /// local-traffic rules then use them; when they change the daemon exits (non-zero, saying
 /// why) so it is restarted with the new ones, leaving the rules.
