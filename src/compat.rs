@@ -40,6 +40,16 @@ impl Release {
     pub fn minor(self) -> u8 {
         self.minor
     }
+
+    /// Whether rules count with nfacct objects (added in 1.31, no gate).
+    pub fn has_nfacct_counters(self) -> bool {
+        self >= Release::V1_31
+    }
+
+    /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
+    pub fn accepts_primary_node_port_addresses(self) -> bool {
+        self >= Release::V1_31
+    }
 }
 
 impl Default for Release {
@@ -213,15 +223,6 @@ impl Features {
         Ok(features)
     }
 
-    pub fn enabled(&self, gate: Gate) -> bool {
-        match gate {
-            Gate::LoadBalancerIpMode => self.load_balancer_ip_mode,
-            Gate::TopologyAwareHints => self.topology_aware_hints,
-            Gate::ServiceTrafficDistribution => self.service_traffic_distribution,
-            Gate::PreferSameTrafficDistribution => self.prefer_same_traffic_distribution,
-        }
-    }
-
     fn gate_mut(&mut self, gate: Gate) -> &mut bool {
         match gate {
             Gate::LoadBalancerIpMode => &mut self.load_balancer_ip_mode,
@@ -229,16 +230,6 @@ impl Features {
             Gate::ServiceTrafficDistribution => &mut self.service_traffic_distribution,
             Gate::PreferSameTrafficDistribution => &mut self.prefer_same_traffic_distribution,
         }
-    }
-
-    /// Whether rules count with nfacct objects (added in 1.31, no gate).
-    pub fn nfacct_counters(&self) -> bool {
-        self.release >= Release::V1_31
-    }
-
-    /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
-    pub fn node_port_addresses_primary(&self) -> bool {
-        self.release >= Release::V1_31
     }
 }
 
@@ -317,7 +308,7 @@ mod tests {
 
     #[test]
     fn primary_node_port_addresses_arrive_in_1_31() {
-        assert!(!Features::of(Release::V1_30).node_port_addresses_primary());
-        assert!(Features::of(Release::V1_31).node_port_addresses_primary());
+        assert!(!Release::V1_30.accepts_primary_node_port_addresses());
+        assert!(Release::V1_31.accepts_primary_node_port_addresses());
     }
 }

@@ -974,7 +974,7 @@ impl KubeProxyConfiguration {
     /// implementation adds (only the iptables mode). Call on a defaulted configuration.
     /// The release selected by `compatibilityVersion` (default: the newest) with
     /// `featureGates` applied; problems are pushed to `errs` and give `None`.
-    pub fn features(&self, errs: &mut Vec<FieldError>) -> Option<Features> {
+    fn features(&self, errs: &mut Vec<FieldError>) -> Option<Features> {
         let version = self.compatibility_version.trim();
         let release = if version.is_empty() {
             Release::NEWEST
@@ -997,6 +997,11 @@ impl KubeProxyConfiguration {
     }
 
     pub fn validate(&self) -> Result<(), Vec<FieldError>> {
+        self.validated_features().map(|_| ())
+    }
+
+    /// Validates the configuration and returns the release it selects with its gates.
+    fn validated_features(&self) -> Result<Features, Vec<FieldError>> {
         let mut errs = Vec::new();
         self.validate_mode(&mut errs);
         self.validate_iptables(&mut errs);
@@ -1053,7 +1058,11 @@ impl KubeProxyConfiguration {
         if !matches!(self.logging.format.as_str(), "" | "text" | "json") {
             errs.push(FieldError::invalid_str("logging.format", &self.logging.format, "Unsupported log format"));
         }
-        if errs.is_empty() { Ok(()) } else { Err(errs) }
+        // `features` is `None` only after it pushed an error.
+        match features {
+            Some(features) if errs.is_empty() => Ok(features),
+            _ => Err(errs),
+        }
     }
 
     fn validate_mode(&self, errs: &mut Vec<FieldError>) {
@@ -1289,7 +1298,7 @@ pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
 fn validate_node_port_addresses(addresses: &[String], release: Release, errs: &mut Vec<FieldError>) {
     for (i, addr) in addresses.iter().enumerate() {
         let field = format!("nodePortAddresses[{i}]");
-        if addr == NODE_PORT_ADDRESSES_PRIMARY && crate::compat::Features::of(release).node_port_addresses_primary() {
+        if addr == NODE_PORT_ADDRESSES_PRIMARY && release.accepts_primary_node_port_addresses() {
             // Accepted alone from 1.31 on; earlier releases validate it as a CIDR (below).
             if addresses.len() != 1 {
                 errs.push(FieldError::invalid_str(&field, addr, "can't use both 'primary' and CIDRs"));
@@ -1422,7 +1431,7 @@ impl Settings {
     /// Defaults (idempotently), validates and converts a configuration.
     pub fn from_config(config: &KubeProxyConfiguration) -> Result<Settings, Vec<FieldError>> {
         let cfg = config.clone().with_defaults();
-        cfg.validate()?;
+        let features = cfg.validated_features()?;
 
         let cluster_cidrs: Vec<Cidr> = if cfg.cluster_cidr.trim().is_empty() {
             Vec::new()
@@ -1469,7 +1478,7 @@ impl Settings {
             },
             oom_score_adj: cfg.oom_score_adj.unwrap_or(DEFAULT_OOM_SCORE_ADJ),
             feature_gates: cfg.feature_gates.clone(),
-            features: cfg.features(&mut Vec::new()).unwrap_or_default(),
+            features,
             client: ClientSettings {
                 kubeconfig: (!kubeconfig.is_empty()).then(|| PathBuf::from(kubeconfig)),
                 accept_content_types: cfg.client_connection.accept_content_types.clone(),

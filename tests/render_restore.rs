@@ -169,10 +169,15 @@ endpoints:
 
 /// Renders [`HOSTILE_ADDRESSES`] for `family`: (stdout payload, stderr).
 fn render_hostile(family: &str) -> (String, String) {
-    let dir = std::env::temp_dir().join(format!("kpr-hostile-{family}-{}", std::process::id()));
+    render_manifest("addresses", HOSTILE_ADDRESSES, family)
+}
+
+/// Renders the manifest `yaml` for `family` as node-a: (the first sync's payload, stderr).
+fn render_manifest(name: &str, yaml: &str, family: &str) -> (String, String) {
+    let dir = std::env::temp_dir().join(format!("kpr-hostile-{name}-{family}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
     let file = dir.join("cluster.yaml");
-    std::fs::write(&file, HOSTILE_ADDRESSES).expect("write");
+    std::fs::write(&file, yaml).expect("write");
     let out = Command::new(BIN)
         .args(["render", "--hostname-override", "node-a", "--ip-family", family])
         .arg(&file)
@@ -304,15 +309,7 @@ endpoints: [{addresses: [10.244.9.4]}]
 /// object; the valid service is rendered and the payload restores into a real kernel.
 #[test]
 fn names_that_would_break_the_restore_input_are_skipped() {
-    let dir = std::env::temp_dir().join(format!("kpr-hostile-names-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("tmp");
-    let file = dir.join("cluster.yaml");
-    std::fs::write(&file, HOSTILE_NAMES).expect("write");
-    let out = Command::new(BIN).args(["render", "--hostname-override", "node-a"]).arg(&file).output().expect("render");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let payload = syncs(&String::from_utf8_lossy(&out.stdout)).remove(0);
-    let warnings = String::from_utf8_lossy(&out.stderr).into_owned();
+    let (payload, warnings) = render_manifest("names", HOSTILE_NAMES, "ipv4");
     assert!(!payload.contains("-A INPUT"), "an injected rule:\n{payload}");
     for gone in ["172.30.9.1", "172.30.9.2", "172.30.9.3", "uote", "n s/"] {
         assert!(!payload.contains(gone), "{gone} must not be written:\n{payload}");

@@ -170,12 +170,6 @@ pub fn service_ports(
     if !is_comment_safe(name) {
         return Err(bad_name("metadata.name", name));
     }
-    for port in spec.ports.iter().flatten() {
-        let port_name = port.name.as_deref().unwrap_or("");
-        if !port_name.is_empty() && !is_comment_safe(port_name) {
-            return Err(bad_name("spec.ports[].name", port_name));
-        }
-    }
     let service = NamespacedName::new(namespace.to_owned(), name.to_owned());
     let cluster_ip = match ip::parse_ip_sloppy(cluster_ip_text) {
         Some(addr) if IpFamily::of(&addr) == family => ip::format_ip(&addr),
@@ -189,6 +183,9 @@ pub fn service_ports(
     let mut ports = Vec::new();
     for (index, port) in spec.ports.iter().flatten().enumerate() {
         let port_name = port.name.clone().unwrap_or_default();
+        if !port_name.is_empty() && !is_comment_safe(&port_name) {
+            return Err(bad_name("spec.ports[].name", &port_name));
+        }
         let protocol = match port.protocol.as_deref() {
             None => Protocol::Tcp,
             Some(p) => Protocol::from_api(p).ok_or_else(|| InvalidService::Protocol {

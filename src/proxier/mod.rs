@@ -428,7 +428,7 @@ impl Proxier {
             }
             self.render_state.reset();
             if let Some(nfacct) = &self.nfacct
-                && self.cfg.render.features.nfacct_counters()
+                && self.cfg.render.features.release.has_nfacct_counters()
             {
                 self.nfacct_counters = NfacctCounters::ensure(nfacct.as_ref());
             }
