@@ -65,7 +65,7 @@ pub enum AppError {
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("failed to create the Kubernetes client: {0}")]
-    Client(String),
+    Client(#[from] crate::k8s::client::ClientError),
     #[error(transparent)]
     Daemon(#[from] crate::daemon::DaemonError),
     #[error("failed to bind {what} on {addr}: {reason}")]
@@ -113,37 +113,6 @@ pub fn run_daemon(
         master.map(str::to_string),
         init_only,
     ))
-}
-
-async fn kube_client(settings: &crate::config::Settings, master: Option<String>) -> Result<kube::Client, AppError> {
-    let client_err = |e: &dyn std::fmt::Display| AppError::Client(e.to_string());
-    let master_url = match &master {
-        Some(m) => Some(m.parse::<hyper::Uri>().map_err(|e| AppError::Client(format!("--master {m}: {e}")))?),
-        None => None,
-    };
-    let mut config = match (&settings.client.kubeconfig, &master_url) {
-        (Some(path), _) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| client_err(&e))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| client_err(&e))?
-        }
-        // As upstream: with neither a kubeconfig nor a master URL, only the in-cluster config.
-        (None, None) => {
-            tracing::info!("neither kubeconfig file nor master URL was specified, falling back to in-cluster config");
-            kube::Config::incluster().map_err(|e| AppError::Client(format!("in-cluster configuration: {e}")))?
-        }
-        // A master URL alone: the default kubeconfig loading rules if they find one, else
-        // just the URL.
-        (None, Some(url)) => match kube::Config::infer().await {
-            Ok(c) => c,
-            Err(_) => kube::Config::new(url.clone()),
-        },
-    };
-    if let Some(url) = master_url {
-        config.cluster_url = url;
-    }
-    kube::Client::try_from(config).map_err(|e| client_err(&e))
 }
 
 /// Upstream waits for its Node for a while to learn the node IPs; so do we (about 30 s).
@@ -218,7 +187,7 @@ async fn daemon_main(
         Some(p) => crate::config_watch::ConfigWatcher::new(p, Duration::from_secs(2)).ok(),
         None => None,
     };
-    let client = kube_client(&settings, master).await?;
+    let client = crate::k8s::client::build(settings.client.kubeconfig.as_deref(), master.as_deref()).await?;
     let hostname = settings.hostname_override.clone().unwrap_or_else(os_hostname);
     tracing::info!(hostname = %hostname, "starting kube-proxy-rs");
     let mut node = fetch_node(&client, &hostname).await;

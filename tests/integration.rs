@@ -5,6 +5,7 @@ mod conntrack_real;
 mod daemon_assembly;
 mod daemon_cli;
 mod daemon_e2e;
+mod diff_cli;
 mod docs_reference;
 mod e2e_events;
 mod e2e_faults;

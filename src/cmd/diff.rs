@@ -1,6 +1,11 @@
 //! The `diff` command: the node's live rules (our chains and the jump rules into them) against
 //! what the cluster state renders to, differing rules grouped by service.
 //!
+//! The cluster state comes from manifests, or, without any, from the API server as the daemon
+//! reads it (`--kubeconfig`, the config file's `clientConnection.kubeconfig`, `--master`, else
+//! in-cluster): one list of Services and EndpointSlices with the watches' selector and
+//! decoding, and this node's Node.
+//!
 //! Rules are compared by meaning, not spelling ([`crate::trace::rule::Rule::key`]): what
 //! `iptables-save` prints for a rule we wrote (`/32` masks, `-p` before `-m`, `--set-xmark`,
 //! 11-digit probabilities) equals our restore text. Compared: every chain the rendering has
@@ -17,6 +22,7 @@ use clap::Args;
 use super::render::{self, RenderCmdError};
 use super::trace::LiveNode;
 use crate::cli::{IpFamilyArg, RenderArgs, RenderOptions};
+use crate::manifest::Snapshot;
 use crate::model::IpFamily;
 use crate::trace::ruleset::{Chain, LoadedRule, builtin_chains};
 use crate::trace::{LoadError, RuleSet};
@@ -33,8 +39,16 @@ pub struct DiffArgs {
     /// live node.
     #[arg(long, value_name = "FILE")]
     pub node_rules: Option<PathBuf>,
+    /// Read the cluster state from the API server with this kubeconfig (default: the config
+    /// file's clientConnection.kubeconfig, else in-cluster), as the daemon does.
+    #[arg(long, value_name = "FILE", conflicts_with = "manifests")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's address (overrides the kubeconfig's), as the daemon's --master.
+    #[arg(long, value_name = "URL", conflicts_with = "manifests")]
+    pub master: Option<String>,
     /// The cluster state: YAML manifests (Services, EndpointSlices, Nodes), as for `render`.
-    #[arg(value_name = "MANIFEST", required = true)]
+    /// Without any, the state is read from the API server.
+    #[arg(value_name = "MANIFEST")]
     pub manifests: Vec<PathBuf>,
 }
 
@@ -48,17 +62,24 @@ pub enum DiffCmdError {
     Rules { what: String, source: LoadError },
     #[error("failed to read the node's rules: {0}")]
     Live(String),
+    #[error(transparent)]
+    Client(#[from] crate::k8s::client::ClientError),
+    #[error(transparent)]
+    List(#[from] crate::k8s::list::ListError),
+    #[error("failed to start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
     #[error("failed to write output: {0}")]
     Output(#[from] std::io::Error),
 }
 
 impl DiffCmdError {
-    /// 2 for bad input; 3 when the node's rules cannot be read (1 means "they differ").
+    /// 2 for bad input; 3 when the node's rules or the cluster state cannot be read (1 means
+    /// "they differ").
     pub fn exit_code(&self) -> u8 {
         match self {
             DiffCmdError::Render(e) => u8::try_from(e.exit_code()).unwrap_or(2),
-            DiffCmdError::ReadRules { .. } | DiffCmdError::Rules { .. } => 2,
-            DiffCmdError::Live(_) | DiffCmdError::Output(_) => 3,
+            DiffCmdError::ReadRules { .. } | DiffCmdError::Rules { .. } | DiffCmdError::Client(_) => 2,
+            DiffCmdError::Live(_) | DiffCmdError::Output(_) | DiffCmdError::List(_) | DiffCmdError::Runtime(_) => 3,
         }
     }
 }
@@ -227,7 +248,12 @@ pub fn run(args: &DiffArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<
         then: vec![],
     };
     let mut buf = Vec::new();
-    render::run_node(&render_args, &mut buf)?;
+    if args.manifests.is_empty() {
+        let snapshot = cluster_snapshot(args)?;
+        render::render_snapshots(&render_args, &[snapshot], &mut buf)?;
+    } else {
+        render::run_node(&render_args, &mut buf)?;
+    }
     let rendered = String::from_utf8_lossy(&buf);
     let mut expected =
         RuleSet::parse(&rendered).map_err(|source| DiffCmdError::Rules { what: "rendered rules".into(), source })?;
@@ -247,4 +273,21 @@ pub fn run(args: &DiffArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<
     let differ = print_report(&report, out)?;
     out.flush()?;
     Ok(differ)
+}
+
+/// The cluster state from the API server, as a snapshot `render` takes.
+fn cluster_snapshot(args: &DiffArgs) -> Result<Snapshot, DiffCmdError> {
+    let settings = render::load_settings(&args.render)?;
+    let node_name = render::node_name(&args.render, &settings);
+    let kubeconfig = args.kubeconfig.as_deref().or(settings.client.kubeconfig.as_deref());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(DiffCmdError::Runtime)?;
+    let state = runtime.block_on(async {
+        let client = crate::k8s::client::build(kubeconfig, args.master.as_deref()).await?;
+        Ok::<_, DiffCmdError>(crate::k8s::list::cluster_state(&client, &node_name).await?)
+    })?;
+    Ok(Snapshot {
+        services: state.services,
+        endpoint_slices: state.endpoint_slices,
+        nodes: state.node.into_iter().collect(),
+    })
 }

@@ -58,9 +58,8 @@ fn random_fully_supported(version: &str) -> Result<bool, RenderCmdError> {
         .ok_or_else(|| RenderCmdError::IptablesVersion(version.to_string()))
 }
 
-/// The settings from `--config`, or upstream's defaults.
-/// The config file (or the defaults) with the release and gate flags applied over it.
-fn load_settings(options: &RenderOptions) -> Result<Settings, RenderCmdError> {
+/// The config file (or upstream's defaults) with the release and gate flags applied over it.
+pub fn load_settings(options: &RenderOptions) -> Result<Settings, RenderCmdError> {
     let path = options.config.as_deref();
     let mut raw = match path {
         Some(p) => config::load_config_file(p)?,
@@ -125,14 +124,7 @@ pub fn render_snapshots(
     let settings = load_settings(&args.options)?;
     let random_fully = random_fully_supported(&args.options.iptables_version)?;
     let family = IpFamily::from(args.ip_family);
-    let hostname = args
-        .options
-        .hostname_override
-        .clone()
-        .or_else(|| settings.hostname_override.clone())
-        .map(|h| h.trim().to_lowercase())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(crate::app::os_hostname);
+    let hostname = node_name(&args.options, &settings);
 
     let empty = Snapshot::default();
     let first = snapshots.first().unwrap_or(&empty);
@@ -210,6 +202,17 @@ pub fn render_snapshots(
     Ok(RenderedNode { hostname, node_ip, interface_addresses: interface_addrs_for_report })
 }
 
+/// The node to act as: `--hostname-override`, else the config's, else the OS hostname.
+pub fn node_name(options: &RenderOptions, settings: &Settings) -> String {
+    options
+        .hostname_override
+        .clone()
+        .or_else(|| settings.hostname_override.clone())
+        .map(|h| h.trim().to_lowercase())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(crate::app::os_hostname)
+}
+
 fn load(paths: &[PathBuf]) -> Result<Snapshot, RenderCmdError> {
     let (snapshot, warnings) = manifest::load_manifests(paths)?;
     for w in warnings {
@@ -251,11 +254,4 @@ fn apply_snapshot(proxier: &mut Proxier, old: &Snapshot, new: &Snapshot, hostnam
 
     let node: Option<&Node> = new.nodes.iter().find(|n| n.metadata.name.as_deref() == Some(hostname));
     proxier.on_node_update(node);
-}
-
-/// Convenience for tests: render to a string.
-pub fn render_to_string(args: &RenderArgs) -> Result<String, RenderCmdError> {
-    let mut buf = Vec::new();
-    run(args, &mut buf)?;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
 }

@@ -1,5 +1,6 @@
-//! The API-server side: watches of Services, EndpointSlices and this Node, turned into the
-//! proxiers' `on_*` calls. The only module that talks to the API server.
+//! The API-server side: the client ([`client`]), watches of Services, EndpointSlices and this
+//! Node turned into the proxiers' `on_*` calls, and one-shot reads of the same state
+//! ([`list`]). The only module that talks to the API server, events aside.
 //!
 //! The watches decode Services and EndpointSlices slim ([`objects`]). Event handling
 //! ([`ServiceEvents`], [`SliceEvents`], [`NodeEvents`]) takes kube-runtime
@@ -13,6 +14,8 @@
 //! cannot be written into rules, gets a Warning event, once per problem and object version
 //! (see [`InvalidObjectReporter`]); syncs never raise these.
 
+pub mod client;
+pub mod list;
 pub mod objects;
 pub mod pod_cidr;
 pub mod watch;
