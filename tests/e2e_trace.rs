@@ -4,6 +4,8 @@
 //!   node-a, `kube-proxy-rs trace` run on node-a (live rules, live addresses) predicts what
 //!   real connections do: which pods answer, whether the server sees the client or the node
 //!   (masquerade), and DROP (timeout) / REJECT (refused);
+//! * `kube-proxy-rs diff` run on that node with the daemon's configuration (written with
+//!   `--write-config-to`) reads the cluster from the API server and finds no difference;
 //! * `kube-proxy-rs diff` run in a namespace holding rules restored from `render` output
 //!   finds no difference (iptables-save's spelling equals ours), then reports each change
 //!   made behind its back, grouped by service.
@@ -118,6 +120,18 @@ async fn trace_predicts_what_real_packets_do() {
     let v = trace_on_node(&c, &cpod_ip, "198.19.0.74", 80);
     assert_eq!(v["verdict"], "REJECT", "{v}");
     assert_eq!(tcp_request(cpod, sa("198.19.0.74", 80), None), Err(Failure::Refused));
+
+    // `diff` on the node needs only the daemon's configuration as a file: it reads the cluster
+    // from the API server as the daemon does, and finds the daemon's rules as it renders them.
+    let config = c.dir.path().join("written.conf");
+    let mut args = c.daemon_args();
+    args.push(format!("--write-config-to={}", config.display()));
+    let written = std::process::Command::new(BIN).args(&args).output().expect("write config");
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    let config = config.display().to_string();
+    let out = c.node_a.run(&[BIN, "diff", "--config", &config]);
+    assert_eq!(out.status, Some(0), "{}", out.combined());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no differences");
 }
 
 fn golden(name: &str) -> std::path::PathBuf {
