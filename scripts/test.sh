@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Runs every test (unit, integration incl. real iptables in network namespaces, CLI) with one
-# release build reused for all of them. Installs the system tools the tests need first.
+# release build reused for all of them, then the habits the build enforces: formatting, clippy
+# with warnings as errors, and the API docs (broken intra-doc links are errors). Installs the
+# system tools the tests need first. Arguments go to the test runner (then only the tests run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
+cargo fmt --all --check
 if ! command -v cargo-nextest >/dev/null 2>&1; then
-    exec cargo test --release --workspace --no-fail-fast "$@"
+    cargo test --release --workspace --no-fail-fast "$@"
+else
+    cargo nextest run --release --workspace --no-fail-fast "$@"
 fi
-cargo nextest run --release --workspace --no-fail-fast "$@"
+if [ "$#" -eq 0 ]; then
+    cargo clippy --release --all-targets -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps
+fi

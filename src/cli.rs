@@ -97,6 +97,8 @@ pub struct DaemonArgs {
     pub healthz_bind_address: Option<String>,
     /// IP address and port of the metrics server ("0.0.0.0:10249" / "[::]:10249" for all
     /// interfaces) [default: 127.0.0.1:10249].
+    // The text is the flag's help, upstream's wording: `[::]` is an address, not a doc link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, value_name = "IP[:PORT]", value_parser = ip_port_flag, allow_hyphen_values = true, help_heading = "Node and servers")]
     pub metrics_bind_address: Option<String>,
     /// If true, failing to bind a server port is fatal.

@@ -18,11 +18,22 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Returns early (passing) when not root, saying why.
+/// Whether a test that cannot run must fail rather than skip: set by `.ci/run` (`CI`), where
+/// the job runs as root and a skipped real-kernel test would hide a broken runner.
+pub fn skipping_is_an_error() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+/// Returns early (passing) when not root, saying why; under CI (see
+/// [`skipping_is_an_error`]) fails instead.
 #[macro_export]
 macro_rules! require_root {
     () => {
         if !$crate::support::netns::is_root() {
+            assert!(
+                !$crate::support::netns::skipping_is_an_error(),
+                "this test needs root (network namespaces, real iptables) and CI is set: CI must run as root"
+            );
             eprintln!("skipping: creating network namespaces for real-iptables tests needs root");
             return;
         }
