@@ -77,6 +77,12 @@ pub(super) fn convert(text: &str) -> Res<Converted<'_>> {
     if text.bytes().any(|b| (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f) {
         return Err(Bail);
     }
+    // NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR are line breaks to serde_yaml in some places
+    // (it folds NEL in double-quoted scalars) and plain characters here: leave them to it.
+    // The byte test first, so ASCII text is not scanned char by char.
+    if text.bytes().any(|b| b == 0xC2 || b == 0xE2) && text.contains(['\u{85}', '\u{2028}', '\u{2029}']) {
+        return Err(Bail);
+    }
     let lines: Vec<&str> = text.split('\n').collect();
     let mut conv = Converter {
         lines,
