@@ -2,11 +2,16 @@
 //! `iptables-restore` input applied in order (several syncs of `render --then` included:
 //! a chain declaration flushes the chain, `-X` deletes it, as `iptables-restore --noflush`).
 //!
-//! Every rule is parsed up front, so a malformed line fails the load naming its line; rules
-//! the tracer does not model are kept with the reason and reported only if a packet reaches
-//! them (see [`super::rule`]).
+//! Loading checks every rule, so a malformed line anywhere fails the load naming its line,
+//! but keeps only the rule's text, borrowed from the loaded text: the parsed [`Rule`] is made
+//! when someone first asks for it ([`LoadedRule::rule`]). A 10k-Service dump has 443k rules
+//! and a trace reaches a few thousand; parsing and keeping all of them made loading take 2 s
+//! and 238 MB (docs/performance.md, issue 12). Rules the tracer does not model are reported
+//! only if a packet reaches them (see [`super::rule`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use super::rule::{Rule, RuleError, parse_rule};
 use crate::proxier::JUMP_CHAINS;
@@ -20,22 +25,53 @@ pub struct LoadError {
     pub reason: String,
 }
 
-/// One rule of a chain.
+/// One rule of a chain, text borrowed from the loaded text (`'t`).
 #[derive(Debug, Clone)]
-pub struct LoadedRule {
+pub struct LoadedRule<'t> {
     /// 1-based line in the loaded text; `None` for an assumed jump rule.
     pub line: Option<usize>,
-    /// The full `-A CHAIN ...` line as written.
-    pub text: String,
-    /// The parsed rule, or why the tracer cannot evaluate it.
-    pub parsed: Result<Rule, String>,
+    /// The full `-A CHAIN ...` rule (an `-I` line is rewritten so).
+    text: Cow<'t, str>,
+    /// Where the words after `-A CHAIN` start in `text`.
+    body_at: usize,
+    /// The parse, made on first use; boxed so that an unparsed rule costs one word.
+    parsed: OnceLock<Box<Result<Rule, String>>>,
+}
+
+impl<'t> LoadedRule<'t> {
+    fn new(line: Option<usize>, text: Cow<'t, str>, body_at: usize) -> Self {
+        LoadedRule { line, text, body_at, parsed: OnceLock::new() }
+    }
+
+    /// The full `-A CHAIN ...` rule as written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The words after `-A CHAIN`.
+    pub fn body(&self) -> &str {
+        &self.text[self.body_at..]
+    }
+
+    /// The parsed rule, or why the tracer cannot evaluate it. Parsed on the first call.
+    pub fn rule(&self) -> Result<&Rule, &str> {
+        match &**self.parsed.get_or_init(|| Box::new(parse_rule(self.body()).map_err(|e| e.to_string()))) {
+            Ok(rule) => Ok(rule),
+            Err(reason) => Err(reason),
+        }
+    }
+
+    /// Whether [`LoadedRule::rule`] has been called.
+    pub fn is_parsed(&self) -> bool {
+        self.parsed.get().is_some()
+    }
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct Chain {
+pub struct Chain<'t> {
     /// `ACCEPT`/`DROP` for built-in chains, `None` for user chains.
     pub policy: Option<String>,
-    pub rules: Vec<LoadedRule>,
+    pub rules: Vec<LoadedRule<'t>>,
 }
 
 /// The built-in chains of a table (they exist without being declared).
@@ -49,20 +85,20 @@ pub fn builtin_chains(table: &str) -> &'static [&'static str] {
     }
 }
 
-/// All tables of a loaded text.
+/// All tables of a loaded text; names and rules borrow from it (`'t`).
 #[derive(Debug, Clone, Default)]
-pub struct RuleSet {
-    tables: HashMap<String, HashMap<String, Chain>>,
+pub struct RuleSet<'t> {
+    tables: HashMap<&'t str, HashMap<&'t str, Chain<'t>>>,
     /// Whether the jump rules from the built-in chains were assumed (see
     /// [`RuleSet::assume_jump_rules_if_missing`]).
     pub assumed_jumps: bool,
 }
 
-impl RuleSet {
+impl<'t> RuleSet<'t> {
     /// Loads `text` (see the module docs).
-    pub fn parse(text: &str) -> Result<RuleSet, LoadError> {
+    pub fn parse(text: &'t str) -> Result<RuleSet<'t>, LoadError> {
         let mut set = RuleSet::default();
-        let mut current: Option<(String, usize)> = None;
+        let mut current: Option<(&'t str, usize)> = None;
         for (index, raw) in text.split('\n').enumerate() {
             let line_no = index + 1;
             let mut line = raw.trim();
@@ -83,19 +119,19 @@ impl RuleSet {
                 if name.is_empty() {
                     return Err(err("empty table name"));
                 }
-                let chains = set.tables.entry(name.to_string()).or_default();
+                let chains = set.tables.entry(name).or_default();
                 for b in builtin_chains(name) {
-                    chains
-                        .entry((*b).to_string())
-                        .or_insert_with(|| Chain { policy: Some("ACCEPT".into()), rules: vec![] });
+                    chains.entry(b).or_insert_with(|| Chain { policy: Some("ACCEPT".into()), rules: vec![] });
                 }
-                current = Some((name.to_string(), line_no));
+                current = Some((name, line_no));
                 continue;
             }
-            let Some((table, _)) = &current else {
+            let Some((table, _)) = current else {
                 return Err(err("expected a table (\"*nat\", \"*filter\") before this line"));
             };
-            let chains = set.tables.get_mut(table).expect("current table exists");
+            let Some(chains) = set.tables.get_mut(table) else {
+                return Err(err(&format!("table {table} vanished while loading")));
+            };
             let is_builtin = |c: &str| builtin_chains(table).contains(&c);
             if line == "COMMIT" {
                 current = None;
@@ -110,7 +146,7 @@ impl RuleSet {
                     _ => return Err(err(&format!("bad policy {policy:?} for chain {name}"))),
                 };
                 // Declaring a chain flushes it (restore input); in save output it is new.
-                chains.insert(name.to_string(), Chain { policy, rules: vec![] });
+                chains.insert(name, Chain { policy, rules: vec![] });
             } else if let Some(rest) = line.strip_prefix("-A ").or_else(|| line.strip_prefix("-I ")) {
                 let insert = line.starts_with("-I");
                 let (chain, mut body) = rest.split_once(' ').unwrap_or((rest, ""));
@@ -125,18 +161,19 @@ impl RuleSet {
                 let Some(c) = chains.get_mut(chain) else {
                     return Err(err(&format!("chain {chain} is not declared in table {table}")));
                 };
-                let parsed = match parse_rule(body) {
-                    Ok(rule) => Ok(rule),
-                    Err(RuleError::Unsupported(reason)) => Err(reason),
-                    Err(RuleError::Syntax(reason)) => return Err(err(&format!("bad rule: {reason}"))),
-                };
-                let text = if insert { format!("-A {chain} {body}") } else { line.to_string() };
-                let rule = LoadedRule { line: Some(line_no), text, parsed };
+                // Checked now, parsed again when needed (module docs).
+                if let Err(RuleError::Syntax(reason)) = parse_rule(body) {
+                    return Err(err(&format!("bad rule: {reason}")));
+                }
                 if insert {
+                    let text = format!("-A {chain} {body}");
+                    let rule = LoadedRule::new(Some(line_no), Cow::Owned(text), "-A ".len() + chain.len() + 1);
                     let at = position.unwrap_or(0).min(c.rules.len());
                     c.rules.insert(at, rule);
                 } else {
-                    c.rules.push(rule);
+                    // `body` is a suffix of `line`.
+                    let body_at = line.len() - body.len();
+                    c.rules.push(LoadedRule::new(Some(line_no), Cow::Borrowed(line), body_at));
                 }
             } else if let Some(name) = line.strip_prefix("-X ") {
                 let name = name.trim();
@@ -150,7 +187,7 @@ impl RuleSet {
                     None => return Err(err(&format!("chain {} is not declared in table {table}", name.trim()))),
                 }
             } else if let Some(name) = line.strip_prefix("-N ") {
-                chains.entry(name.trim().to_string()).or_default();
+                chains.entry(name.trim()).or_default();
             } else {
                 return Err(err("not a table, chain declaration, rule or COMMIT"));
             }
@@ -165,13 +202,13 @@ impl RuleSet {
         Ok(set)
     }
 
-    pub fn chain(&self, table: &str, chain: &str) -> Option<&Chain> {
+    pub fn chain(&self, table: &str, chain: &str) -> Option<&Chain<'t>> {
         self.tables.get(table)?.get(chain)
     }
 
     /// The chains of `table` (none if the text has no such table), in no particular order.
-    pub fn chains(&self, table: &str) -> impl Iterator<Item = (&str, &Chain)> {
-        self.tables.get(table).into_iter().flat_map(|t| t.iter().map(|(n, c)| (n.as_str(), c)))
+    pub fn chains(&self, table: &str) -> impl Iterator<Item = (&'t str, &Chain<'t>)> {
+        self.tables.get(table).into_iter().flat_map(|t| t.iter().map(|(n, c)| (*n, c)))
     }
 
     pub fn has_table(&self, table: &str) -> bool {
@@ -181,6 +218,13 @@ impl RuleSet {
     /// Number of rules in all tables.
     pub fn rule_count(&self) -> usize {
         self.tables.values().flat_map(|t| t.values()).map(|c| c.rules.len()).sum()
+    }
+
+    /// Parses every rule now rather than on first use (for comparing with lazy loading).
+    pub fn parse_every_rule(&self) {
+        for rule in self.tables.values().flat_map(|t| t.values()).flat_map(|c| &c.rules) {
+            let _ = rule.rule();
+        }
     }
 
     /// Whether any built-in chain of nat or filter has a rule.
@@ -204,10 +248,10 @@ impl RuleSet {
                 continue;
             }
             let words: Vec<String> = jump.args().iter().map(|a| quote(a)).collect();
-            let body = words.join(" ");
-            let parsed = parse_rule(&body).map_err(|e| e.to_string());
-            let src = chains.entry(jump.src.to_string()).or_default();
-            src.rules.push(LoadedRule { line: None, text: format!("-A {} {body}", jump.src), parsed });
+            let text = format!("-A {} {}", jump.src, words.join(" "));
+            let body_at = "-A ".len() + jump.src.len() + 1;
+            let src = chains.entry(jump.src).or_default();
+            src.rules.push(LoadedRule::new(None, Cow::Owned(text), body_at));
             self.assumed_jumps = true;
         }
     }
@@ -227,7 +271,8 @@ mod tests {
         let set = RuleSet::parse(text).unwrap();
         assert_eq!(set.chain("filter", "FORWARD").unwrap().policy.as_deref(), Some("DROP"));
         let rules = &set.chain("filter", "FORWARD").unwrap().rules;
-        assert_eq!(rules[0].text, "-A FORWARD -j KUBE-FORWARD");
+        assert_eq!(rules[0].text(), "-A FORWARD -j KUBE-FORWARD");
+        assert_eq!(rules[0].body(), "-j KUBE-FORWARD");
         assert_eq!(rules[0].line, Some(7));
         assert!(set.has_builtin_rules());
     }
@@ -264,7 +309,7 @@ mod tests {
         let text = "*filter\n:KUBE-A - [0:0]\n-A KUBE-A -m set --match-set x src -j DROP\nCOMMIT\n";
         let set = RuleSet::parse(text).unwrap();
         let rule = &set.chain("filter", "KUBE-A").unwrap().rules[0];
-        assert!(rule.parsed.as_ref().unwrap_err().contains("-m set"));
+        assert!(rule.rule().unwrap_err().contains("-m set"));
     }
 
     #[test]
@@ -273,7 +318,7 @@ mod tests {
         let mut set = RuleSet::parse(text).unwrap();
         set.assume_jump_rules_if_missing();
         assert!(set.assumed_jumps);
-        let pre: Vec<&str> = set.chain("nat", "PREROUTING").unwrap().rules.iter().map(|r| r.text.as_str()).collect();
+        let pre: Vec<&str> = set.chain("nat", "PREROUTING").unwrap().rules.iter().map(|r| r.text()).collect();
         assert_eq!(pre, vec![r#"-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#]);
         // Inserted at the top one by one: the firewall jump ends up first in FORWARD.
         let fwd: Vec<String> = set
@@ -281,10 +326,10 @@ mod tests {
             .unwrap()
             .rules
             .iter()
-            .map(|r| r.text.rsplit(' ').next().unwrap().to_string())
+            .map(|r| r.text().rsplit(' ').next().unwrap().to_string())
             .collect();
         assert_eq!(fwd, vec!["KUBE-PROXY-FIREWALL", "KUBE-FORWARD", "KUBE-SERVICES"]);
-        assert!(set.chain("filter", "FORWARD").unwrap().rules.iter().all(|r| r.parsed.is_ok()));
+        assert!(set.chain("filter", "FORWARD").unwrap().rules.iter().all(|r| r.rule().is_ok()));
 
         let mut live = RuleSet::parse(
             "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n",
