@@ -2,8 +2,9 @@
 //! text alone (upstream's test `tracePacket`, made precise and given to operators as
 //! `kube-proxy-rs trace`). Pure: no I/O, used by the command and by the tests alike.
 //!
-//! [`ruleset`] loads `iptables-save` / `iptables-restore` text, [`rule`] parses one rule's
-//! matches and target, [`engine`] follows the packet through the built-in chains, and
+//! [`ruleset`] loads `iptables-save` / `iptables-restore` text (checking every rule, keeping
+//! its text, parsing it when a packet first reaches it), [`rule`] parses one rule's matches
+//! and target, [`engine`] follows the packet through the built-in chains, and
 //! [`report`] is the result (`--json` and the human form).
 
 pub mod engine;
