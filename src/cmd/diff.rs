@@ -111,22 +111,22 @@ pub const NODE_WIDE: &str = "(node-wide rules)";
 
 const SERVICE_CHAIN_PREFIXES: &[&str] = &["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"];
 
-fn key(r: &LoadedRule) -> String {
-    match &r.parsed {
+fn key(r: &LoadedRule<'_>) -> String {
+    match r.rule() {
         Ok(rule) => rule.key(),
         // Not modelled: compare the words after `-A CHAIN`.
-        Err(_) => r.text.split_whitespace().skip(2).collect::<Vec<_>>().join(" "),
+        Err(_) => r.text().split_whitespace().skip(2).collect::<Vec<_>>().join(" "),
     }
 }
 
 /// The service a comment names: its first word containing `/` (`ns/name:port`).
-fn comment_service(r: &LoadedRule) -> Option<String> {
-    let comment = r.parsed.as_ref().ok()?.comment.as_deref()?;
+fn comment_service(r: &LoadedRule<'_>) -> Option<String> {
+    let comment = r.rule().ok()?.comment.as_deref()?;
     comment.split_whitespace().find(|w| w.contains('/')).map(|w| w.trim_end_matches([',', ';', '.']).to_string())
 }
 
 /// Compares `expected` (rendered, jump rules assumed) with `live` (the node's).
-pub fn compare(expected: &RuleSet, live: &RuleSet) -> Report {
+pub fn compare(expected: &RuleSet<'_>, live: &RuleSet<'_>) -> Report {
     let mut diffs: Vec<RuleDiff> = Vec::new();
     let mut chain_service: HashMap<(String, String), String> = HashMap::new();
     let empty = Chain::default();
@@ -156,7 +156,7 @@ pub fn compare(expected: &RuleSet, live: &RuleSet) -> Report {
                             table: table.into(),
                             chain: name.into(),
                             kind: DiffKind::Missing,
-                            rule: r.text.clone(),
+                            rule: r.text().to_string(),
                         });
                     }
                 }
@@ -177,19 +177,23 @@ pub fn compare(expected: &RuleSet, live: &RuleSet) -> Report {
     report
 }
 
-fn live_or_expected<'a>(d: &RuleDiff, expected: &'a RuleSet, live: &'a RuleSet) -> Option<&'a LoadedRule> {
+fn live_or_expected<'a>(d: &RuleDiff, expected: &'a RuleSet<'a>, live: &'a RuleSet<'a>) -> Option<&'a LoadedRule<'a>> {
     let set = if d.kind == DiffKind::Missing { expected } else { live };
-    set.chain(&d.table, &d.chain)?.rules.iter().find(|r| r.text == d.rule)
+    set.chain(&d.table, &d.chain)?.rules.iter().find(|r| r.text() == d.rule)
 }
 
-fn compare_chain(table: &str, name: &str, e: &Chain, l: &Chain) -> Vec<RuleDiff> {
+fn compare_chain(table: &str, name: &str, e: &Chain<'_>, l: &Chain<'_>) -> Vec<RuleDiff> {
     let ek: Vec<String> = e.rules.iter().map(key).collect();
     let lk: Vec<String> = l.rules.iter().map(key).collect();
     if ek == lk {
         return vec![];
     }
-    let diff =
-        |kind, rule: &LoadedRule| RuleDiff { table: table.into(), chain: name.into(), kind, rule: rule.text.clone() };
+    let diff = |kind, rule: &LoadedRule<'_>| RuleDiff {
+        table: table.into(),
+        chain: name.into(),
+        kind,
+        rule: rule.text().to_string(),
+    };
     let mut out = Vec::new();
     // Multiset difference, each side in its own order.
     let mut unmatched_live: Vec<Option<&String>> = lk.iter().map(Some).collect();

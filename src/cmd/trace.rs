@@ -139,15 +139,20 @@ fn family_of(ip: IpAddr) -> IpFamily {
     if ip.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 }
 }
 
-/// The rules text to trace through and the node's addresses, from the flags.
-pub fn load_rules(args: &TraceArgs, node: &dyn LiveNode) -> Result<(RuleSet, Vec<IpAddr>), TraceCmdError> {
+/// The rules to trace through and the node's addresses, from the flags. The rules borrow
+/// from their text, which is read into `text`.
+pub fn load_rules<'t>(
+    args: &TraceArgs,
+    node: &dyn LiveNode,
+    text: &'t mut String,
+) -> Result<(RuleSet<'t>, Vec<IpAddr>), TraceCmdError> {
     let family = args.ip_family.map_or_else(|| family_of(args.dst), IpFamily::from);
     for (flag, ip) in [("src", args.src), ("dst", args.dst)] {
         if family_of(ip) != family {
             return Err(TraceCmdError::Family { flag, ip, family });
         }
     }
-    let (source_name, text, rendered_local) = if let Some(path) = &args.rules {
+    let (source_name, read, rendered_local) = if let Some(path) = &args.rules {
         let name = path.display().to_string();
         let text = read_rules(path).map_err(|source| TraceCmdError::ReadRules { path: name.clone(), source })?;
         (name, text, None)
@@ -164,7 +169,9 @@ pub fn load_rules(args: &TraceArgs, node: &dyn LiveNode) -> Result<(RuleSet, Vec
     } else {
         ("the node's rules".to_string(), node.rules(family).map_err(TraceCmdError::Live)?, None)
     };
-    let mut rules = RuleSet::parse(&text).map_err(|source| TraceCmdError::Rules { source_name, source })?;
+    *text = read;
+    let text: &'t String = text;
+    let mut rules = RuleSet::parse(text).map_err(|source| TraceCmdError::Rules { source_name, source })?;
     rules.assume_jump_rules_if_missing();
     let local = if !args.local_addresses.is_empty() {
         args.local_addresses.clone()
@@ -188,7 +195,8 @@ fn read_rules(path: &std::path::Path) -> std::io::Result<String> {
 
 /// Runs `trace`, printing the result to `out`.
 pub fn run(args: &TraceArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<(), TraceCmdError> {
-    let (rules, local) = load_rules(args, node)?;
+    let mut text = String::new();
+    let (rules, local) = load_rules(args, node, &mut text)?;
     let pkt = Packet {
         src: args.src,
         dst: args.dst,

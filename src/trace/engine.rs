@@ -83,7 +83,7 @@ enum Eval {
 }
 
 struct Tracer<'a> {
-    rules: &'a RuleSet,
+    rules: &'a RuleSet<'a>,
     pkt: &'a Packet,
     local: &'a [IpAddr],
     locally_generated: bool,
@@ -91,7 +91,7 @@ struct Tracer<'a> {
 }
 
 /// Traces `pkt`; `local_addresses` are the node's own (for `addrtype LOCAL`; loopback always is).
-pub fn trace(rules: &RuleSet, pkt: &Packet, local_addresses: &[IpAddr]) -> Result<Trace, TraceError> {
+pub fn trace(rules: &RuleSet<'_>, pkt: &Packet, local_addresses: &[IpAddr]) -> Result<Trace, TraceError> {
     if pkt.src.is_ipv4() != pkt.dst.is_ipv4() {
         return Err(TraceError::MixedFamilies { src: pkt.src, dst: pkt.dst });
     }
@@ -253,13 +253,13 @@ impl Tracer<'_> {
     }
 
     /// Records that `r` (rule `rule` of `table`/`chain`) matched for a branch of `weight`.
-    fn step(&mut self, at: (&str, &str, usize), r: &LoadedRule, rule: &Rule, weight: f64, affinity: bool) {
+    fn step(&mut self, at: (&str, &str, usize), r: &LoadedRule<'_>, rule: &Rule, weight: f64, affinity: bool) {
         let (table, chain, depth) = at;
         self.path.push(Step {
             table: table.to_string(),
             chain: chain.to_string(),
             line: r.line,
-            rule: r.text.clone(),
+            rule: r.text().to_string(),
             target: rule.target.name(),
             probability: round(weight),
             depth,
@@ -288,14 +288,14 @@ impl Tracer<'_> {
         while i < c.rules.len() {
             let r = &c.rules[i];
             i += 1;
-            let rule = r.parsed.as_ref().map_err(|reason| TraceError::Unsupported {
+            let rule = r.rule().map_err(|reason| TraceError::Unsupported {
                 line: r.line,
-                rule: r.text.clone(),
-                reason: reason.clone(),
+                rule: r.text().to_string(),
+                reason: reason.to_string(),
             })?;
             let p = match self.eval(rule, &st).map_err(|reason| TraceError::Unsupported {
                 line: r.line,
-                rule: r.text.clone(),
+                rule: r.text().to_string(),
                 reason,
             })? {
                 Eval::No => continue,
@@ -340,7 +340,7 @@ impl Tracer<'_> {
                     if rules.chain(table, target).is_none() {
                         return Err(TraceError::MissingChain {
                             line: r.line,
-                            rule: r.text.clone(),
+                            rule: r.text().to_string(),
                             table: table.into(),
                             chain: target.clone(),
                         });

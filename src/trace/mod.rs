@@ -2,8 +2,9 @@
 //! text alone (upstream's test `tracePacket`, made precise and given to operators as
 //! `kube-proxy-rs trace`). Pure: no I/O, used by the command and by the tests alike.
 //!
-//! [`ruleset`] loads `iptables-save` / `iptables-restore` text, [`rule`] parses one rule's
-//! matches and target, [`engine`] follows the packet through the built-in chains, and
+//! [`ruleset`] loads `iptables-save` / `iptables-restore` text (checking every rule, keeping
+//! its text, parsing it when a packet first reaches it), [`rule`] parses one rule's matches
+//! and target, [`engine`] follows the packet through the built-in chains, and
 //! [`report`] is the result (`--json` and the human form).
 
 pub mod engine;
@@ -236,6 +237,142 @@ COMMIT
         assert!(d["probability"].is_f64());
         assert_eq!(d["masquerade"], false);
         assert!(v["path"].as_array().unwrap().iter().all(|s| s["rule"].is_string() && s["table"].is_string()));
+    }
+
+    /// `CLUSTER` with `extra` (chain declarations and rules) added at the end of its nat
+    /// table; returns the text and the 1-based line of the first added line.
+    fn cluster_with_nat(extra: &str) -> (String, usize) {
+        let at = CLUSTER.rfind("COMMIT\n").unwrap();
+        let line = CLUSTER[..at].lines().count() + 1;
+        (format!("{}{extra}{}", &CLUSTER[..at], &CLUSTER[at..]), line)
+    }
+
+    #[test]
+    fn a_malformed_rule_in_a_chain_no_packet_enters_still_fails_the_load() {
+        let (text, first) = cluster_with_nat(":OTHER - [0:0]\n-A OTHER -s 10.0.0.0/33 -j ACCEPT\n");
+        let e = trace_text(&text, &pkt("10.0.1.9", "172.30.0.41", 80), &[ip(NODE)]).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("invalid rules: line {}: bad rule", first + 1)), "{e}");
+        assert!(e.to_string().contains("10.0.0.0/33"), "{e}");
+        let (text, first) = cluster_with_nat(":OTHER - [0:0]\n-A OTHER -m comment --comment \"open -j X\n");
+        let e = RuleSet::parse(&text).unwrap_err();
+        assert_eq!(e.line, first + 1, "{e}");
+    }
+
+    #[test]
+    fn unsupported_rules_in_chains_no_packet_enters_do_not_change_the_verdict() {
+        let (text, _) = cluster_with_nat(
+            ":OTHER - [0:0]\n-A OTHER -m set --match-set blocked src -j DROP\n-A OTHER -j CT --notrack\n",
+        );
+        let p = pkt("10.0.1.9", "172.30.0.41", 80);
+        let mut rules = RuleSet::parse(&text).unwrap();
+        rules.assume_jump_rules_if_missing();
+        let t = trace(&rules, &p, &[ip(NODE)]).unwrap();
+        assert_eq!(t, run(CLUSTER, &p));
+        assert_eq!(t.verdict, Verdict::Dnat);
+        assert!(rules.chain("nat", "OTHER").unwrap().rules.iter().all(|r| !r.is_parsed()));
+        // Reached, they stop the trace naming the rule.
+        let (reached, first) = cluster_with_nat(
+            ":OTHER - [0:0]\n-A OTHER -m set --match-set blocked src -j DROP\n-I KUBE-SERVICES 1 -j OTHER\n",
+        );
+        let e = trace_text(&reached, &p, &[ip(NODE)]).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("line {}: ", first + 1)) && e.to_string().contains("-m set"), "{e}");
+    }
+
+    #[test]
+    fn rules_are_parsed_when_a_packet_first_reaches_them() {
+        let mut rules = RuleSet::parse(CLUSTER).unwrap();
+        rules.assume_jump_rules_if_missing();
+        let all = |chain: &str| rules.chain("nat", chain).unwrap().rules.iter().all(|r| r.is_parsed());
+        let none = |chain: &str| rules.chain("nat", chain).unwrap().rules.iter().all(|r| !r.is_parsed());
+        assert!(none("KUBE-SERVICES") && none("KUBE-SVC-A") && none("KUBE-NODEPORTS"));
+        // A miss walks KUBE-SERVICES and the node-port chain, nothing else.
+        trace(&rules, &pkt("10.0.1.9", "172.30.0.99", 80), &[ip(NODE)]).unwrap();
+        assert!(all("KUBE-SERVICES") && none("KUBE-SVC-A") && none("KUBE-SEP-1"));
+        trace(&rules, &pkt("10.0.1.9", "172.30.0.41", 80), &[ip(NODE)]).unwrap();
+        assert!(all("KUBE-SVC-A") && all("KUBE-SEP-1") && none("KUBE-NODEPORTS") && none("KUBE-EXT-A"));
+    }
+
+    /// Packets to every `-d ADDR ... --dport PORT` of `text`, from a pod, from outside and
+    /// from the node, plus one to an address no rule names.
+    fn packets_for(text: &str) -> Vec<Packet> {
+        let mut targets: Vec<(IpAddr, u16, Proto)> = Vec::new();
+        for line in text.lines().filter(|l| l.starts_with("-A ")) {
+            let words = rule::split_words(line).unwrap();
+            let after = |opt: &str| words.iter().position(|w| w == opt).and_then(|i| words.get(i + 1));
+            let (Some(dst), Some(port), Some(proto)) = (after("-d"), after("--dport"), after("-p")) else { continue };
+            let (Ok(dst), Ok(port), Some(proto)) =
+                (dst.split('/').next().unwrap_or_default().parse(), port.parse(), Proto::parse(proto))
+            else {
+                continue;
+            };
+            targets.push((dst, port, proto));
+        }
+        targets.sort_by_key(|(ip, port, proto)| (*ip, *port, proto.as_str()));
+        targets.dedup();
+        let v6 = targets.first().is_some_and(|(ip, ..)| ip.is_ipv6());
+        let (srcs, miss) = if v6 {
+            (["fd00:10:64::50", "fd00:ffff::7", "fd00:192:168:10::11"], "fd00:30::ffff")
+        } else {
+            (["10.64.1.50", "203.0.113.7", "192.168.10.11"], "172.30.255.254")
+        };
+        targets.push((ip(miss), 80, Proto::Tcp));
+        let mut out = Vec::new();
+        for (dst, dport, proto) in targets {
+            for src in srcs {
+                out.push(Packet {
+                    src: ip(src),
+                    dst,
+                    dport,
+                    proto,
+                    in_interface: Some("eth0".into()),
+                    out_interface: Some("eth1".into()),
+                });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn lazy_parsing_traces_exactly_as_parsing_everything_first_on_the_golden_rules() {
+        let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let local = [ip("192.168.10.11"), ip("fd00:192:168:10::11")];
+        let (mut scenarios, mut dnat, mut left_unparsed) = (0, 0, 0);
+        for entry in std::fs::read_dir(&golden).unwrap() {
+            let dir = entry.unwrap().path();
+            let Ok(text) = std::fs::read_to_string(dir.join("expected.rules")) else { continue };
+            scenarios += 1;
+            let mut lazy = RuleSet::parse(&text).unwrap();
+            lazy.assume_jump_rules_if_missing();
+            let mut eager = RuleSet::parse(&text).unwrap();
+            eager.assume_jump_rules_if_missing();
+            eager.parse_every_rule();
+            for p in packets_for(&text) {
+                let l = trace(&lazy, &p, &local);
+                assert_eq!(l, trace(&eager, &p, &local), "{}: {p:?}", dir.display());
+                dnat += usize::from(l.is_ok_and(|t| t.verdict == Verdict::Dnat));
+            }
+            // What was parsed lazily is what a fresh parse gives.
+            for table in ["nat", "filter"] {
+                for (_, chain) in lazy.chains(table) {
+                    for r in &chain.rules {
+                        if !r.is_parsed() {
+                            left_unparsed += 1;
+                            continue;
+                        }
+                        let fresh = rule::parse_rule(r.body()).map_err(|e| e.to_string());
+                        assert_eq!(
+                            r.rule().map_err(str::to_string),
+                            fresh.as_ref().map_err(String::clone),
+                            "{}",
+                            r.text()
+                        );
+                    }
+                }
+            }
+        }
+        assert!(scenarios >= 20, "golden scenarios not found under {}", golden.display());
+        assert!(dnat > 100, "only {dnat} packets were DNATed: the packets miss the services");
+        assert!(left_unparsed > 0, "every rule was parsed: nothing was lazy");
     }
 
     #[test]

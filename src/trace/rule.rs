@@ -8,7 +8,12 @@
 //! * [`RuleError::Unsupported`]: a match module, option or target the tracer does not model
 //!   (`-m set`, `-j CT`...). Real nodes carry such rules in other tools' chains; they are
 //!   reported only when a packet reaches them, never guessed.
+//!
+//! Loading a dump runs the parser over every rule (443k in a 10k-Service dump), so the word
+//! splitter is hand-written over bytes and borrows from the text; its tests compare it with
+//! the straightforward char-by-char splitter it replaced.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use crate::model::ip::{Cidr, parse_ip_sloppy};
@@ -65,14 +70,21 @@ pub enum Proto {
 }
 
 impl Proto {
+    /// Case-insensitive, as iptables reads it.
     pub fn parse(s: &str) -> Option<Proto> {
-        Some(match s.to_ascii_lowercase().as_str() {
-            "tcp" | "6" => Proto::Tcp,
-            "udp" | "17" => Proto::Udp,
-            "sctp" | "132" => Proto::Sctp,
-            "icmp" | "1" => Proto::Other(1),
-            "icmpv6" | "ipv6-icmp" | "58" => Proto::Other(58),
-            n => Proto::Other(n.parse().ok()?),
+        let is = |names: &[&str]| names.iter().any(|n| s.eq_ignore_ascii_case(n));
+        Some(if is(&["tcp", "6"]) {
+            Proto::Tcp
+        } else if is(&["udp", "17"]) {
+            Proto::Udp
+        } else if is(&["sctp", "132"]) {
+            Proto::Sctp
+        } else if is(&["icmp", "1"]) {
+            Proto::Other(1)
+        } else if is(&["icmpv6", "ipv6-icmp", "58"]) {
+            Proto::Other(58)
+        } else {
+            Proto::Other(s.parse().ok()?)
         })
     }
 
@@ -210,49 +222,71 @@ impl Target {
 /// Splits a rule into words the way iptables-save quotes them: a word starting with `"` runs
 /// to the next unescaped `"` (`\"` and `\\` are escapes), quotes removed.
 pub fn split_words(text: &str) -> Result<Vec<String>, RuleError> {
-    let mut words = Vec::new();
-    let mut chars = text.chars().peekable();
+    Ok(words(text)?.into_iter().map(Cow::into_owned).collect())
+}
+
+/// [`split_words`] borrowing from `text`: only a quoted word with an escape in it is copied.
+/// Loading a dump runs this on every rule, so it scans bytes and allocates one `Vec`.
+fn words(text: &str) -> Result<Vec<Cow<'_, str>>, RuleError> {
+    let bytes = text.as_bytes();
+    let mut words = Vec::with_capacity(24);
+    let mut at = 0;
     loop {
-        while chars.peek().is_some_and(|c| c.is_ascii_whitespace()) {
-            chars.next();
+        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
+            at += 1;
         }
-        let Some(&first) = chars.peek() else { break };
-        let mut word = String::new();
-        if first == '"' {
-            chars.next();
-            let mut closed = false;
-            while let Some(c) = chars.next() {
-                match c {
-                    '\\' => match chars.next() {
-                        Some(e @ ('"' | '\\')) => word.push(e),
-                        Some(other) => {
-                            word.push('\\');
-                            word.push(other);
-                        }
-                        None => word.push('\\'),
-                    },
-                    '"' => {
-                        closed = true;
-                        break;
+        if at == bytes.len() {
+            break;
+        }
+        if bytes[at] == b'"' {
+            let start = at + 1;
+            let mut end = start;
+            let mut escaped = false;
+            // Find the closing quote; a backslash always takes the next byte with it.
+            loop {
+                match bytes.get(end) {
+                    None => return Err(RuleError::Syntax("unterminated quoted string".into())),
+                    Some(b'"') => break,
+                    Some(b'\\') => {
+                        escaped = true;
+                        end += 2;
                     }
-                    c => word.push(c),
+                    Some(_) => end += 1,
                 }
             }
-            if !closed {
-                return Err(RuleError::Syntax("unterminated quoted string".into()));
-            }
+            let inner = &text[start..end];
+            words.push(if escaped { Cow::Owned(unescape(inner)) } else { Cow::Borrowed(inner) });
+            at = end + 1;
         } else {
-            while let Some(&c) = chars.peek() {
-                if c.is_ascii_whitespace() {
-                    break;
-                }
-                word.push(c);
-                chars.next();
+            let start = at;
+            while at < bytes.len() && !bytes[at].is_ascii_whitespace() {
+                at += 1;
             }
+            words.push(Cow::Borrowed(&text[start..at]));
         }
-        words.push(word);
     }
     Ok(words)
+}
+
+/// Undoes `\"` and `\\` inside a quoted word; any other backslash stays.
+fn unescape(inner: &str) -> String {
+    let mut word = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            word.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some(e @ ('"' | '\\')) => word.push(e),
+            Some(other) => {
+                word.push('\\');
+                word.push(other);
+            }
+            None => word.push('\\'),
+        }
+    }
+    word
 }
 
 /// Match modules whose options the parser knows.
@@ -273,29 +307,26 @@ const KNOWN_MODULES: &[&str] = &[
 
 /// Parses the words after `-A CHAIN`.
 pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
-    let words = split_words(text)?;
+    let words = words(text)?;
+    let words = words.as_slice();
     let mut rule = Rule { matches: Vec::new(), target: Target::None, comment: None };
     let mut neg = false;
-    let mut target_name: Option<String> = None;
+    let mut target_name: Option<&str> = None;
     let mut goto = false;
     // Options of the target (after -j), checked once the whole rule is read.
-    let mut target_opts: Vec<(String, Option<String>)> = Vec::new();
-    let mut stat_mode: Option<String> = None;
+    let mut target_opts: Vec<(&str, Option<&str>)> = Vec::new();
+    let mut stat_mode: Option<&str> = None;
     let mut stat_prob: Option<f64> = None;
     let mut recent_check: Option<bool> = None;
     let mut recent_set = false;
     let mut recent_seconds: Option<u64> = None;
-    let mut recent_name: Option<String> = None;
+    let mut recent_name: Option<&str> = None;
     let mut proto: Option<Proto> = None;
     let mut unsupported: Option<String> = None;
 
     let mut i = 0;
-    let value = |i: &mut usize, opt: &str| -> Result<String, RuleError> {
-        *i += 1;
-        words.get(*i).cloned().ok_or_else(|| RuleError::Syntax(format!("option {opt} needs a value")))
-    };
     while i < words.len() {
-        let w = words[i].as_str();
+        let w: &str = &words[i];
         if w == "!" {
             if neg {
                 return Err(RuleError::Syntax("double negation \"! !\"".into()));
@@ -317,15 +348,14 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
                     | "--log-tcp-options"
                     | "--log-ip-options"
             );
-            let v = if takes_value { Some(value(&mut i, w)?) } else { None };
-            target_opts.push((w.to_string(), v));
+            let v = if takes_value { Some(value(words, &mut i, w)?) } else { None };
+            target_opts.push((w, v));
             i += 1;
             continue;
         }
         match w {
             "-s" | "--source" | "-d" | "--destination" => {
-                let v = value(&mut i, w)?;
-                let net = parse_net(&v)?;
+                let net = parse_net(value(words, &mut i, w)?)?;
                 rule.matches.push(if matches!(w, "-s" | "--source") {
                     Match::Source { neg: was_neg, net }
                 } else {
@@ -333,11 +363,11 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
                 });
             }
             "-p" | "--protocol" => {
-                let v = value(&mut i, w)?;
+                let v = value(words, &mut i, w)?;
                 let p = if v.eq_ignore_ascii_case("all") {
                     None
                 } else {
-                    Some(Proto::parse(&v).ok_or_else(|| RuleError::Syntax(format!("unknown protocol {v:?}")))?)
+                    Some(Proto::parse(v).ok_or_else(|| RuleError::Syntax(format!("unknown protocol {v:?}")))?)
                 };
                 if !was_neg {
                     proto = p;
@@ -345,16 +375,16 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
                 rule.matches.push(Match::Protocol { neg: was_neg, proto: ProtoMatch(p) });
             }
             "-i" | "--in-interface" => {
-                let name = value(&mut i, w)?;
+                let name = value(words, &mut i, w)?.to_string();
                 rule.matches.push(Match::InInterface { neg: was_neg, name });
             }
             "-o" | "--out-interface" => {
-                let name = value(&mut i, w)?;
+                let name = value(words, &mut i, w)?.to_string();
                 rule.matches.push(Match::OutInterface { neg: was_neg, name });
             }
             "-m" | "--match" => {
-                let m = value(&mut i, w)?;
-                if !KNOWN_MODULES.contains(&m.as_str()) && unsupported.is_none() {
+                let m = value(words, &mut i, w)?;
+                if !KNOWN_MODULES.contains(&m) && unsupported.is_none() {
                     unsupported = Some(format!("unsupported match module \"-m {m}\""));
                 }
                 if unsupported.is_some() {
@@ -363,8 +393,8 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
                 }
             }
             "-j" | "--jump" | "-g" | "--goto" => {
-                let t = value(&mut i, w)?;
-                if is_builtin_target_name(&t) {
+                let t = value(words, &mut i, w)?;
+                if is_builtin_target_name(t) {
                     // Its options' arity is unknown: nothing after it can be read.
                     unsupported.get_or_insert(format!("unsupported target {t:?}"));
                     break;
@@ -372,18 +402,18 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
                 goto = w == "-g" || w == "--goto";
                 target_name = Some(t);
             }
-            "--comment" => rule.comment = Some(value(&mut i, w)?),
+            "--comment" => rule.comment = Some(value(words, &mut i, w)?.to_string()),
             "--dport" | "--destination-port" | "--dports" | "--destination-ports" => {
-                let v = value(&mut i, w)?;
+                let v = value(words, &mut i, w)?;
                 let ranges = v.split(',').map(parse_port_range).collect::<Result<Vec<_>, _>>()?;
                 rule.matches.push(Match::DestPort { neg: was_neg, ranges });
             }
             "--sport" | "--source-port" | "--sports" | "--source-ports" => {
-                value(&mut i, w)?;
+                value(words, &mut i, w)?;
                 rule.matches.push(Match::SourcePort);
             }
             "--src-type" | "--dst-type" => {
-                let v = value(&mut i, w)?;
+                let v = value(words, &mut i, w)?;
                 if v != "LOCAL" {
                     unsupported.get_or_insert(format!("unsupported address type \"{w} {v}\" (only LOCAL is modelled)"));
                 }
@@ -394,18 +424,18 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
                 });
             }
             "--mark" => {
-                let v = value(&mut i, w)?;
-                let (value, mask) = parse_mark(&v)?;
+                let v = value(words, &mut i, w)?;
+                let (value, mask) = parse_mark(v)?;
                 rule.matches.push(Match::Mark { neg: was_neg, value, mask });
             }
             "--ctstate" | "--state" => {
-                let v = value(&mut i, w)?;
+                let v = value(words, &mut i, w)?;
                 let states = v.split(',').map(|s| s.trim().to_ascii_uppercase()).collect();
                 rule.matches.push(Match::CtState { neg: was_neg, states });
             }
-            "--mode" => stat_mode = Some(value(&mut i, w)?),
+            "--mode" => stat_mode = Some(value(words, &mut i, w)?),
             "--probability" => {
-                let v = value(&mut i, w)?;
+                let v = value(words, &mut i, w)?;
                 let p: f64 = v.parse().map_err(|_| RuleError::Syntax(format!("bad probability {v:?}")))?;
                 if !(0.0..=1.0).contains(&p) {
                     return Err(RuleError::Syntax(format!("probability {v} is not between 0 and 1")));
@@ -413,23 +443,23 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
                 stat_prob = Some(p);
             }
             "--every" | "--packet" => {
-                value(&mut i, w)?;
+                value(words, &mut i, w)?;
                 unsupported.get_or_insert("unsupported statistic mode nth".into());
             }
-            "--name" => recent_name = Some(value(&mut i, w)?),
+            "--name" => recent_name = Some(value(words, &mut i, w)?),
             "--nfacct-name" => {
-                let name = value(&mut i, w)?;
+                let name = value(words, &mut i, w)?.to_string();
                 rule.matches.push(Match::Nfacct { name });
             }
             "--rcheck" | "--update" => recent_check = Some(was_neg),
             "--set" => recent_set = true,
             "--rsource" | "--rdest" | "--reap" => {}
             "--seconds" => {
-                let v = value(&mut i, w)?;
+                let v = value(words, &mut i, w)?;
                 recent_seconds = Some(v.parse().map_err(|_| RuleError::Syntax(format!("bad --seconds {v:?}")))?);
             }
             "--hitcount" | "--mask" => {
-                value(&mut i, w)?;
+                value(words, &mut i, w)?;
             }
             "--remove" => {
                 unsupported.get_or_insert("unsupported recent --remove".into());
@@ -447,7 +477,7 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
     if let Some(reason) = unsupported {
         return Err(RuleError::Unsupported(reason));
     }
-    match (stat_mode.as_deref(), stat_prob) {
+    match (stat_mode, stat_prob) {
         (None, None) => {}
         (Some("random"), Some(p)) => rule.matches.push(Match::Probability(p)),
         (Some("random"), None) => {
@@ -456,7 +486,7 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
         (Some(m), _) => return Err(RuleError::Unsupported(format!("unsupported statistic mode {m:?}"))),
         (None, Some(_)) => return Err(RuleError::Syntax("--probability without --mode random".into())),
     }
-    let recent_name = recent_name.unwrap_or_else(|| "DEFAULT".into());
+    let recent_name = recent_name.unwrap_or("DEFAULT").to_string();
     if let Some(neg) = recent_check {
         rule.matches.push(Match::RecentCheck { neg, name: recent_name, seconds: recent_seconds });
     } else if recent_set {
@@ -466,15 +496,21 @@ pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
         return Err(RuleError::Syntax("a port match needs -p tcp, udp or sctp".into()));
     }
     if let Some(name) = target_name {
-        rule.target = parse_target(&name, goto, &target_opts)?;
+        rule.target = parse_target(name, goto, &target_opts)?;
     }
     Ok(rule)
 }
 
-fn parse_target(name: &str, goto: bool, opts: &[(String, Option<String>)]) -> Result<Target, RuleError> {
-    let opt = |key: &str| opts.iter().find(|(k, _)| k == key).and_then(|(_, v)| v.clone());
+/// The value after option `opt` at `words[*i]`, moving `i` onto it.
+fn value<'w>(words: &'w [Cow<'_, str>], i: &mut usize, opt: &str) -> Result<&'w str, RuleError> {
+    *i += 1;
+    words.get(*i).map(|w| &**w).ok_or_else(|| RuleError::Syntax(format!("option {opt} needs a value")))
+}
+
+fn parse_target(name: &str, goto: bool, opts: &[(&str, Option<&str>)]) -> Result<Target, RuleError> {
+    let opt = |key: &str| opts.iter().find(|(k, _)| *k == key).and_then(|(_, v)| *v);
     let only = |allowed: &[&str]| -> Result<(), RuleError> {
-        match opts.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
+        match opts.iter().find(|(k, _)| !allowed.contains(k)) {
             Some((k, _)) => Err(RuleError::Unsupported(format!("unsupported option {k:?} for target {name}"))),
             None => Ok(()),
         }
@@ -500,13 +536,13 @@ fn parse_target(name: &str, goto: bool, opts: &[(String, Option<String>)]) -> Re
             only(&["--to-destination", "--random", "--persistent"])?;
             let to =
                 opt("--to-destination").ok_or_else(|| RuleError::Syntax("DNAT without --to-destination".into()))?;
-            let (addr, port) = parse_dnat(&to)?;
+            let (addr, port) = parse_dnat(to)?;
             Target::Dnat { addr, port }
         }
         "MARK" => {
             let (key, v) = opts.first().ok_or_else(|| RuleError::Syntax("MARK without a mark option".into()))?;
-            let v = v.as_deref().unwrap_or_default();
-            let (value, mask) = match key.as_str() {
+            let v = v.unwrap_or_default();
+            let (value, mask) = match *key {
                 "--set-xmark" => parse_mark(v)?,
                 "--set-mark" => {
                     let (value, mask) = parse_mark(v)?;
@@ -672,6 +708,108 @@ mod tests {
             vec!["-m", "comment", "--comment", r#"ns/a b:p "x" \"#, "-j", "X"]
         );
         assert!(matches!(split_words(r#"--comment "open"#), Err(RuleError::Syntax(_))));
+    }
+
+    /// The char-by-char splitter `words` replaced (kept as the reference it must agree with).
+    fn reference_split_words(text: &str) -> Result<Vec<String>, RuleError> {
+        let mut words = Vec::new();
+        let mut chars = text.chars().peekable();
+        loop {
+            while chars.peek().is_some_and(|c| c.is_ascii_whitespace()) {
+                chars.next();
+            }
+            let Some(&first) = chars.peek() else { break };
+            let mut word = String::new();
+            if first == '"' {
+                chars.next();
+                let mut closed = false;
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => match chars.next() {
+                            Some(e @ ('"' | '\\')) => word.push(e),
+                            Some(other) => {
+                                word.push('\\');
+                                word.push(other);
+                            }
+                            None => word.push('\\'),
+                        },
+                        '"' => {
+                            closed = true;
+                            break;
+                        }
+                        c => word.push(c),
+                    }
+                }
+                if !closed {
+                    return Err(RuleError::Syntax("unterminated quoted string".into()));
+                }
+            } else {
+                while let Some(&c) = chars.peek() {
+                    if c.is_ascii_whitespace() {
+                        break;
+                    }
+                    word.push(c);
+                    chars.next();
+                }
+            }
+            words.push(word);
+        }
+        Ok(words)
+    }
+
+    #[test]
+    fn byte_splitter_agrees_with_the_reference_on_golden_rules_and_odd_quoting() {
+        let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let mut lines: Vec<String> = Vec::new();
+        for entry in std::fs::read_dir(&golden).unwrap() {
+            let rules = entry.unwrap().path().join("expected.rules");
+            if let Ok(text) = std::fs::read_to_string(rules) {
+                lines.extend(text.lines().filter(|l| l.starts_with("-A ")).map(str::to_string));
+            }
+        }
+        assert!(lines.len() > 1000, "golden rules not found under {}", golden.display());
+        let odd = [
+            "",
+            "   ",
+            r#""""#,
+            r#"a"b c"#,
+            r#""a"b"#,
+            r#""a\"#,
+            r#""a\""#,
+            r#""a\\" b"#,
+            r#""tab\there" \x"#,
+            "\"é \\ü\" ü",
+            "\"\\é\"",
+            "-m comment --comment \"x\ty\"\t-j\tX",
+            r#"--comment "unterminated"#,
+            r#"--comment "ends in backslash\"#,
+        ];
+        for line in lines.iter().map(String::as_str).chain(odd) {
+            let got = words(line).map(|w| w.into_iter().map(Cow::into_owned).collect::<Vec<_>>());
+            assert_eq!(got, reference_split_words(line), "{line:?}");
+            assert_eq!(split_words(line), reference_split_words(line), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn protocol_names_are_case_insensitive() {
+        for (name, proto) in [
+            ("tcp", Some(Proto::Tcp)),
+            ("TCP", Some(Proto::Tcp)),
+            ("6", Some(Proto::Tcp)),
+            ("Udp", Some(Proto::Udp)),
+            ("17", Some(Proto::Udp)),
+            ("SCTP", Some(Proto::Sctp)),
+            ("132", Some(Proto::Sctp)),
+            ("ICMP", Some(Proto::Other(1))),
+            ("IPv6-ICMP", Some(Proto::Other(58))),
+            ("icmpv6", Some(Proto::Other(58))),
+            ("47", Some(Proto::Other(47))),
+            ("gre", None),
+            ("256", None),
+        ] {
+            assert_eq!(Proto::parse(name), proto, "{name}");
+        }
     }
 
     #[test]
