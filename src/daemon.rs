@@ -114,6 +114,9 @@ impl Daemon {
 
         let metrics =
             Arc::new(Metrics::new(settings.features.release).map_err(|e| DaemonError::Metrics(e.to_string()))?);
+        if let Some(nfacct) = &deps.nfacct {
+            metrics.register_nfacct(nfacct).map_err(|e| DaemonError::Metrics(e.to_string()))?;
+        }
         let health = Arc::new(ProxierHealthServer::new(
             settings.sync_period * 2,
             settings.features.release,

@@ -6,9 +6,12 @@
 //!
 //! One [`Metrics`] value holds every collector, registered once in its own [`Registry`]; the
 //! proxier, the change handlers and the health server write to it through typed methods, and the
-//! metrics server reads it with [`Metrics::encode_text`]. Nothing here does I/O or reads a clock:
-//! callers pass `now` and measured durations in.
+//! metrics server reads it with [`Metrics::encode_text`]. Nothing here reads a clock (callers
+//! pass `now` and measured durations in), and the only I/O is at scrape time, through the
+//! [`Nfacct`] trait: from 1.31 the accounting objects' packet counts are exported as counters
+//! (upstream's `nfacctMetricCollector`).
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus::{
@@ -19,6 +22,7 @@ use prometheus::{
 use crate::compat::Release;
 use crate::iptables::Table;
 use crate::model::IpFamily;
+use crate::nfacct::{self, Nfacct};
 use crate::proxier::{SyncError, SyncReport};
 
 /// Upstream's `kubeProxySubsystem`: every metric name starts with `kubeproxy_`.
@@ -54,6 +58,8 @@ pub struct Metrics {
     registry: Registry,
     /// Whether the per-sync metrics carry `ip_family` (release >= 1.33).
     by_family: bool,
+    /// Whether the accounting-object counters exist in this release (1.31 and later).
+    nfacct_counters: bool,
     /// `sync_proxy_rules_duration_seconds`: every sync, full or partial.
     pub sync_proxy_rules_duration: HistogramVec,
     pub sync_full_proxy_rules_duration: HistogramVec,
@@ -197,6 +203,61 @@ impl Builder {
     }
 }
 
+/// Upstream's accounting counters: metric name (in the subsystem), help, nfacct object.
+const NFACCT_COUNTERS: [(&str, &str, &str); 2] = [
+    (
+        "iptables_ct_state_invalid_dropped_packets_total",
+        "packets dropped by iptables to work around conntrack problems",
+        nfacct::CT_STATE_INVALID_DROPPED,
+    ),
+    (
+        "iptables_localhost_nodeports_accepted_packets_total",
+        "Number of packets accepted on nodeports of loopback interface",
+        nfacct::LOCALHOST_NODEPORTS_ACCEPTED,
+    ),
+];
+
+/// A counter whose value is an accounting object's packet count, read on every scrape.
+struct NfacctCollector {
+    nfacct: Arc<dyn Nfacct>,
+    object: &'static str,
+    opts: Opts,
+    desc: Vec<prometheus::core::Desc>,
+}
+
+impl NfacctCollector {
+    fn new(nfacct: Arc<dyn Nfacct>, name: &'static str, help: &str, object: &'static str) -> Result<Self> {
+        let opts = Builder::opts(name, help);
+        let probe =
+            prometheus::Counter::with_opts(opts.clone()).map_err(|source| MetricsError::Create { name, source })?;
+        let desc = prometheus::core::Collector::desc(&probe).into_iter().cloned().collect();
+        Ok(NfacctCollector { nfacct, object, opts, desc })
+    }
+}
+
+impl prometheus::core::Collector for NfacctCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.desc.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let packets = match self.nfacct.packets(self.object) {
+            Ok(packets) => packets,
+            Err(error) => {
+                tracing::error!(%error, counter = self.object, "failed to collect nfacct counter");
+                return Vec::new();
+            }
+        };
+        let Ok(counter) = prometheus::Counter::with_opts(self.opts.clone()) else {
+            return Vec::new();
+        };
+        // Packet counts stay far below 2^53, where f64 stops being exact.
+        #[allow(clippy::cast_precision_loss)]
+        counter.inc_by(packets as f64);
+        prometheus::core::Collector::collect(&counter)
+    }
+}
+
 fn unix_seconds(t: SystemTime) -> f64 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => d.as_secs_f64(),
@@ -281,8 +342,23 @@ impl Metrics {
             )?,
             proxy_livez_total: b.counter_vec("proxy_livez_total", "Cumulative proxy livez HTTP status", "code")?,
             by_family: b.by_family,
+            nfacct_counters: release.has_nfacct_counters(),
             registry: b.registry,
         })
+    }
+
+    /// Registers the counters read from the accounting objects at scrape time, in the releases
+    /// that have them (upstream registers them in iptables mode from 1.31). A counter whose
+    /// object cannot be read has no sample, and so is absent from `/metrics`, as upstream's.
+    pub fn register_nfacct(&self, nfacct: &Arc<dyn Nfacct>) -> Result<()> {
+        if !self.nfacct_counters {
+            return Ok(());
+        }
+        for (name, help, object) in NFACCT_COUNTERS {
+            let collector = NfacctCollector::new(nfacct.clone(), name, help, object)?;
+            self.registry.register(Box::new(collector)).map_err(|source| MetricsError::Register { name, source })?;
+        }
+        Ok(())
     }
 
     pub fn registry(&self) -> &Registry {
@@ -433,6 +509,48 @@ mod tests {
     use crate::model::NamespacedName;
     use crate::proxier::RenderStats;
     use crate::tracker::{EndpointsUpdateResult, ServiceUpdateResult};
+
+    #[test]
+    fn accounting_counters_are_read_at_scrape_time_from_1_31() {
+        let fake = Arc::new(crate::nfacct::FakeNfacct::new());
+        fake.ensure(nfacct::CT_STATE_INVALID_DROPPED).unwrap();
+        fake.count(nfacct::CT_STATE_INVALID_DROPPED, 42);
+        let nfacct: Arc<dyn Nfacct> = fake.clone();
+
+        let m = Metrics::new(Release::V1_31).unwrap();
+        m.register_nfacct(&nfacct).unwrap();
+        let text = m.encode_text().unwrap();
+        assert!(
+            text.contains(
+                "# HELP kubeproxy_iptables_ct_state_invalid_dropped_packets_total [ALPHA] packets dropped by \
+                 iptables to work around conntrack problems\n\
+                 # TYPE kubeproxy_iptables_ct_state_invalid_dropped_packets_total counter\n\
+                 kubeproxy_iptables_ct_state_invalid_dropped_packets_total 42\n"
+            ),
+            "{text}"
+        );
+        // The localhost object does not exist: no sample, no family.
+        assert!(!text.contains("localhost_nodeports"), "{text}");
+
+        // Read again on the next scrape.
+        fake.ensure(nfacct::LOCALHOST_NODEPORTS_ACCEPTED).unwrap();
+        fake.count(nfacct::LOCALHOST_NODEPORTS_ACCEPTED, 7);
+        fake.count(nfacct::CT_STATE_INVALID_DROPPED, 1);
+        let text = m.encode_text().unwrap();
+        assert!(text.contains("kubeproxy_iptables_ct_state_invalid_dropped_packets_total 43\n"), "{text}");
+        assert!(
+            text.contains(
+                "# HELP kubeproxy_iptables_localhost_nodeports_accepted_packets_total [ALPHA] Number of packets \
+                 accepted on nodeports of loopback interface\n"
+            ) && text.contains("kubeproxy_iptables_localhost_nodeports_accepted_packets_total 7\n"),
+            "{text}"
+        );
+
+        // Not in 1.30.
+        let old = Metrics::new(Release::V1_30).unwrap();
+        old.register_nfacct(&nfacct).unwrap();
+        assert!(!old.encode_text().unwrap().contains("iptables_ct_state"));
+    }
 
     /// Upstream 1.29 `pkg/proxy/metrics`: name, type, label names, help (without the
     /// `[ALPHA] ` prefix component-base adds). Later releases: see [`upstream_labels`].

@@ -437,6 +437,15 @@ async fn iptables_restore_failures_turn_healthz_503_and_recover() {
     let (status, body) = http_get(&t.node_ns, HEALTHZ_ADDR, "/healthz").expect("healthz answers");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"lastUpdated\""), "JSON body: {body}");
+    // From 1.31 (the default is newer) the accounting objects' packet counts are exported,
+    // read from the kernel at each scrape.
+    for counter in [
+        "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+        "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+    ] {
+        let value = metric(&t.node_ns, counter);
+        assert!(value.is_some_and(|v| v >= 0.0), "{counter}: {value:?}\n{}", t.log());
+    }
     // From 1.33 (the default) a family's failure counter appears with its first failure.
     let failures_before =
         metric(&t.node_ns, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total").unwrap_or(0.0);
