@@ -9,9 +9,12 @@
 //!    every per-service chain (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`, `KUBE-FW-`, `KUBE-SEP-`)
 //!    that exists is flushed and deleted in one `iptables-restore --noflush`;
 //! 3. in filter, `KUBE-SERVICES`, `KUBE-EXTERNAL-SERVICES`, `KUBE-FORWARD`, `KUBE-NODEPORTS`
-//!    and `KUBE-PROXY-FIREWALL` the same way.
+//!    and `KUBE-PROXY-FIREWALL` the same way;
+//! 4. our canary chain `KUBE-PROXY-CANARY` in nat and filter with the above, and in mangle on
+//!    its own, where a failure is only logged (newer upstream releases remove it the same way;
+//!    1.29 left it behind).
 //!
-//! kubelet's chains (`KUBE-FIREWALL`, the canaries, `KUBE-IPTABLES-HINT`) and every chain
+//! kubelet's chains (`KUBE-FIREWALL`, `KUBE-KUBELET-CANARY`, `KUBE-IPTABLES-HINT`) and every chain
 //! and rule of other owners are left alone. Where upstream leaves `KUBE-MARK-MASQ` and
 //! `KUBE-PROXY-FIREWALL` behind we remove them too (in 1.29 nothing but kube-proxy creates
 //! them), and a chain of ours that a foreign rule still jumps to is flushed but kept, so
@@ -52,14 +55,20 @@ impl CleanupReport {
     }
 }
 
-const NAT_CHAINS: &[&str] =
-    &[chains::KUBE_SERVICES, chains::KUBE_NODEPORTS, chains::KUBE_POSTROUTING, chains::KUBE_MARK_MASQ];
+const NAT_CHAINS: &[&str] = &[
+    chains::KUBE_SERVICES,
+    chains::KUBE_NODEPORTS,
+    chains::KUBE_POSTROUTING,
+    chains::KUBE_MARK_MASQ,
+    chains::KUBE_PROXY_CANARY,
+];
 const FILTER_CHAINS: &[&str] = &[
     chains::KUBE_SERVICES,
     chains::KUBE_EXTERNAL_SERVICES,
     chains::KUBE_FORWARD,
     chains::KUBE_NODEPORTS,
     chains::KUBE_PROXY_FIREWALL,
+    chains::KUBE_PROXY_CANARY,
 ];
 
 /// Removes our rules and chains from one family's iptables. See the module docs.
@@ -76,6 +85,14 @@ pub fn cleanup_leftovers(ipt: &dyn Iptables) -> CleanupReport {
     }
     for (table, fixed) in [(Table::Nat, NAT_CHAINS), (Table::Filter, FILTER_CHAINS)] {
         clean_table(ipt, table, fixed, table == Table::Nat, &mut report);
+    }
+    // Only the canary lives in mangle; a node without a usable mangle table is no failure.
+    let mut mangle = CleanupReport::default();
+    clean_table(ipt, Table::Mangle, &[chains::KUBE_PROXY_CANARY], false, &mut mangle);
+    report.deleted.extend(mangle.deleted);
+    report.kept_referenced.extend(mangle.kept_referenced);
+    for error in mangle.errors {
+        tracing::warn!(%error, "could not remove the canary chain from mangle; ignored");
     }
     if report.success() {
         tracing::info!(deleted = report.deleted.len(), kept = report.kept_referenced.len(), "iptables cleanup done");
@@ -190,6 +207,10 @@ COMMIT\n";
         let fake = FakeIptables::new(IpFamily::V4);
         fake.seed(FOREIGN.as_bytes()).expect("foreign");
         fake.seed(OURS.as_bytes()).expect("ours");
+        for table in [Table::Mangle, Table::Nat, Table::Filter] {
+            fake.ensure_chain(table, chains::KUBE_PROXY_CANARY).expect("canary");
+            fake.ensure_chain(table, chains::KUBE_KUBELET_CANARY).expect("kubelet's canary");
+        }
         for jump in JUMP_CHAINS.iter().chain(KUBELET_JUMP_CHAINS) {
             fake.ensure_chain(jump.table, jump.dst).expect("chain");
             fake.ensure_rule(RulePosition::Prepend, jump.table, jump.src, &jump.args()).expect("jump");
@@ -202,11 +223,13 @@ COMMIT\n";
         let fake = installed();
         let report = cleanup_leftovers(&fake);
         assert!(report.success(), "{:?}", report.errors);
-        assert_eq!(report.deleted.len(), 11, "{:?}", report.deleted);
-        for table in [Table::Nat, Table::Filter] {
+        assert_eq!(report.deleted.len(), 14, "{:?}", report.deleted);
+        for table in [Table::Nat, Table::Filter, Table::Mangle] {
             let kube: Vec<String> = fake.chains(table).into_iter().filter(|c| c.starts_with("KUBE-")).collect();
-            let expected: Vec<String> =
-                if table == Table::Filter { vec!["KUBE-FIREWALL".to_string()] } else { Vec::new() };
+            let mut expected = vec![chains::KUBE_KUBELET_CANARY.to_string()];
+            if table == Table::Filter {
+                expected.insert(0, "KUBE-FIREWALL".to_string());
+            }
             assert_eq!(kube, expected, "{table}");
         }
         assert_eq!(fake.rules(Table::Nat, "PREROUTING").expect("chain"), ["-j FOREIGN"]);
@@ -248,5 +271,19 @@ COMMIT\n";
         assert!(matches!(report.errors[0], CleanupError::Save { table: Table::Nat, .. }));
         // filter was still cleaned.
         assert!(!fake.chains(Table::Filter).iter().any(|c| c == "KUBE-FORWARD"));
+    }
+
+    #[test]
+    fn a_mangle_failure_is_logged_not_reported() {
+        let fake = installed();
+        assert!(cleanup_leftovers(&fake).success());
+        fake.ensure_chain(Table::Mangle, chains::KUBE_PROXY_CANARY).expect("canary again");
+        // Every table's save fails (nat, filter, then mangle).
+        fake.fail_next_save(IptablesError::Exec { command: "iptables-save".into(), reason: "boom".into() });
+        fake.fail_next_save(IptablesError::Exec { command: "iptables-save".into(), reason: "boom".into() });
+        fake.fail_next_save(IptablesError::Exec { command: "iptables-save".into(), reason: "boom".into() });
+        let report = cleanup_leftovers(&fake);
+        assert_eq!(report.errors.len(), 2, "nat's and filter's saves fail, mangle's is only logged");
+        assert!(report.errors.iter().all(|e| !matches!(e, CleanupError::Save { table: Table::Mangle, .. })));
     }
 }

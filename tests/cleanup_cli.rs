@@ -61,8 +61,13 @@ fn cleanup_removes_our_rules_only_and_is_idempotent() {
             SyncOutcome::Synced(r) => assert!(r.result.is_ok(), "{name}: sync failed: {:?}", r.result),
             other => panic!("{name}: {other:?}"),
         }
+        // The sync loop's canaries (its monitor creates them in mangle, nat and filter).
+        for table in ["mangle", "nat", "filter"] {
+            ns.ok(&[&format!("iptables-{name}"), "-t", table, "-N", "KUBE-PROXY-CANARY"]);
+        }
         let before = save_all(&ns, name);
         assert!(before.contains(":KUBE-SVC-"), "{name}: nothing installed:\n{before}");
+        assert_eq!(before.matches(":KUBE-PROXY-CANARY").count(), 3, "{name}:\n{before}");
 
         let (ok, log) = cleanup(&ns);
         assert!(ok, "{name}: --cleanup failed: {log}");
