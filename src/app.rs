@@ -9,12 +9,14 @@ use crate::iptables::Iptables;
 use crate::iptables::runner::{IptablesRunner, RunnerOptions, detect_backend};
 use crate::model::IpFamily;
 
-/// Longest any single iptables command may take. Generous on purpose: a full restore of a
-/// 10k-service cluster through iptables-nft-restore takes minutes (legacy: ~13 s on the
-/// project's machine), and killing it would only start the same full restore again (upstream
-/// sets no timeout on restores at all). The bound is there so a wedged binary cannot stop
-/// the sync loop forever.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(1800);
+/// Longest any single iptables command may take, so that a wedged binary cannot hold a
+/// family's sync loop (upstream sets no bound at all). The longest single command measured at
+/// upstream's scale limit (10k Services, 100k endpoints, docs/performance.md "Scale") is the
+/// first full restore on iptables-legacy, 28–31 s (on iptables-nft the first sync is split
+/// into smaller restores); 300 s leaves ten times that for slower nodes. A killed restore
+/// fails the sync, which is retried, and a node whose restores really take longer shows it in
+/// the logs (`did not finish within 300s and was killed`) and in `/healthz`.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The iptables runners for both families, on the backend the host already uses.
 pub fn iptables_runners(exec: Arc<dyn Exec>) -> Vec<IptablesRunner> {
