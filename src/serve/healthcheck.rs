@@ -21,11 +21,11 @@ use hyper::header::HeaderValue;
 use hyper::{Request, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
-use crate::health::ProxyHealthCheck;
-use crate::http::{self, Body, HttpError, ServerHandle, respond};
 use crate::model::NamespacedName;
 use crate::proxier::NetworkInterfaces;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
+use crate::serve::health::ProxyHealthCheck;
+use crate::serve::http::{self, Body, HttpError, ServerHandle, respond};
 use crate::tracker::{HealthCheckNodePorts, LocalReadyEndpoints};
 
 /// Header carrying the local endpoint count, for load balancers that weigh nodes by it.
@@ -295,9 +295,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
-    use crate::http::test_client::{get, request};
     use crate::model::IpFamily;
     use crate::proxier::StaticInterfaces;
+    use crate::serve::http::test_client::{get, request};
 
     #[derive(Default)]
     struct FakeHealth(AtomicBool);

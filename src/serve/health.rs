@@ -27,9 +27,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::compat::Release;
-use crate::http::{self, Body, respond};
 use crate::metrics::{self, Metrics};
 use crate::model::IpFamily;
+use crate::serve::http::{self, Body, respond};
 
 /// Taint the cluster autoscaler puts on a node it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
@@ -580,7 +580,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     use super::*;
-    use crate::http::test_client::get;
+    use crate::serve::http::test_client::get;
 
     const TIMEOUT: Duration = Duration::from_secs(60);
 
