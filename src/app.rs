@@ -158,7 +158,7 @@ async fn bind_or_retry(
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<Option<tokio::net::TcpListener>, AppError> {
     loop {
-        match crate::http::bind(addr).await {
+        match crate::serve::http::bind(addr).await {
             Ok(l) => return Ok(Some(l)),
             Err(e) if hard_fail => return Err(AppError::Bind { what, addr, reason: e.to_string() }),
             Err(e) => {
@@ -254,7 +254,7 @@ async fn daemon_main(
         servers.push(tokio::spawn(daemon.health.clone().serve(l, shutdown.clone())));
     }
     if let Some(addr) = settings.metrics_bind_address {
-        let server = crate::health::MetricsServer::new(daemon.metrics.clone(), &config_json)
+        let server = crate::serve::health::MetricsServer::new(daemon.metrics.clone(), &config_json)
             .map_err(|e| AppError::Config(e.to_string()))?;
         if let Some(l) =
             bind_or_retry("metrics server", addr, settings.bind_address_hard_fail, &metrics_failure, &shutdown).await?

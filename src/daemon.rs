@@ -20,8 +20,6 @@ use crate::events::{
     ACTION_LISTEN, ACTION_START, EventRecorder, EventType, REASON_FAILED_SERVICE_HEALTHCHECK, REASON_STARTING,
     node_ref, service_ref,
 };
-use crate::health::{ProxierHealthServer, SystemClock};
-use crate::healthcheck::{ServiceHealthServer, listen_addresses};
 use crate::iptables::Iptables;
 use crate::k8s::ProxierSet;
 use crate::metrics::Metrics;
@@ -31,6 +29,8 @@ use crate::nfacct::Nfacct;
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, ServiceHealthState, SyncReport};
+use crate::serve::health::{ProxierHealthServer, SystemClock};
+use crate::serve::healthcheck::{ServiceHealthServer, listen_addresses};
 use crate::sync_loop::{SharedProxier, SyncLoop, lock};
 use crate::sysctl::{
     ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, conntrack_tcp_be_liberal,

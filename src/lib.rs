@@ -10,7 +10,8 @@
 //! `iptables-restore` input upstream kube-proxy writes; [`tracker`] turns Services and
 //! EndpointSlices into those maps; [`model`] holds the compact per-port and per-endpoint
 //! records; [`iptables`] is the only place that knows how rules reach the kernel, and [`exec`]
-//! the only place that starts processes. [`runner`] paces syncs; [`cleanup`] is `--cleanup`.
+//! the only place that starts processes. [`runner`] paces syncs; [`cleanup`] is `--cleanup`; [`serve`] holds the HTTP servers
+//! on the node network (health, metrics, health-check node ports).
 //! [`cmd`] holds the commands besides the daemon (`render`, `trace`, `diff`); [`trace`] is the
 //! packet tracer they and the tests share. [`cli`] parses upstream's flags, [`options`] merges them with the `--config` file
 //! ([`config`]) the way upstream does, and [`config_watch`] notices when that file changes.
@@ -27,9 +28,6 @@ pub mod daemon;
 pub mod events;
 pub mod exec;
 pub mod fd_limit;
-pub mod health;
-pub mod healthcheck;
-pub mod http;
 pub mod iptables;
 pub mod k8s;
 pub mod manifest;
@@ -40,6 +38,7 @@ pub mod oom;
 pub mod options;
 pub mod proxier;
 pub mod runner;
+pub mod serve;
 pub mod sync_loop;
 pub mod synthetic;
 pub mod sysctl;

@@ -265,8 +265,9 @@ async fn slow_rig(sync_period: Duration) -> SlowRig {
     let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let health_addr = health_listener.local_addr().expect("addr");
     let metrics_addr = metrics_listener.local_addr().expect("addr");
-    let metrics_server =
-        Arc::new(kube_proxy_rs::health::MetricsServer::new(daemon.metrics.clone(), &serde_json::json!({})).expect("m"));
+    let metrics_server = Arc::new(
+        kube_proxy_rs::serve::health::MetricsServer::new(daemon.metrics.clone(), &serde_json::json!({})).expect("m"),
+    );
     let shutdown = CancellationToken::new();
     let tasks = vec![
         tokio::spawn(daemon.health.clone().serve(health_listener, shutdown.clone())),

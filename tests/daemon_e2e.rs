@@ -4,13 +4,16 @@
 //! exits 0 leaving the service rules (and removing its canaries). Root only.
 
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::require_root;
 use crate::support::e2e::{
-    API_IP, BIN, DaemonProcess, NODE_IP, TempDir, daemon_args, eventually, nat, topology, topology_tls,
+    API_IP, BIN, DaemonProcess, HEALTHZ_ADDR, NODE_IP, TempDir, daemon_args, enter_netns, eventually, nat, topology,
+    topology_tls,
 };
 use crate::support::fixtures::{node, slice, svc};
 
@@ -387,4 +390,226 @@ async fn in_cluster_configuration_is_used_without_a_kubeconfig() {
     daemon.signal("TERM");
     assert!(daemon.wait_exit(Duration::from_secs(20)).await.success(), "{}", daemon.log_text());
     assert!(!secrets.join("kubernetes.io").exists(), "the secrets tmpfs stayed in the daemon's mount namespace");
+}
+
+/// Clients on the node network that open connections to the health port and hold partial
+/// request heads, from a thread inside the node namespace. Each head is `head_bytes` long
+/// (without its final blank line, so it never completes) and is written as far as the socket
+/// takes it right after connecting; the thread keeps pushing the rest until `stop` is set,
+/// then closes everything.
+struct PartialHeads {
+    stop: Arc<AtomicBool>,
+    /// Set once every connection has been attempted.
+    connected: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl PartialHeads {
+    fn start(ns: &str, target: &str, connections: usize, head_bytes: usize) -> PartialHeads {
+        let stop = Arc::new(AtomicBool::new(false));
+        let connected = Arc::new(AtomicBool::new(false));
+        let (path, addr) = (format!("/var/run/netns/{ns}"), target.parse::<std::net::SocketAddr>().expect("address"));
+        let (stopped, all_connected) = (stop.clone(), connected.clone());
+        let thread = std::thread::spawn(move || {
+            enter_netns(&path);
+            let mut head = b"GET /healthz HTTP/1.1\r\nHost: node\r\nX-Pad: ".to_vec();
+            head.resize(head_bytes.max(head.len()), b'a');
+            let mut clients: Vec<(std::net::TcpStream, usize)> = Vec::with_capacity(connections);
+            for _ in 0..connections {
+                let Ok(stream) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+                    continue;
+                };
+                if stream.set_nonblocking(true).is_ok() {
+                    clients.push((stream, 0));
+                    if let Some((stream, sent)) = clients.last_mut() {
+                        push(stream, &head, sent);
+                    }
+                }
+            }
+            all_connected.store(true, Ordering::SeqCst);
+            while !stopped.load(Ordering::SeqCst) {
+                for (stream, sent) in &mut clients {
+                    push(stream, &head, sent);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            clients.len()
+        });
+        PartialHeads { stop, connected, thread: Some(thread) }
+    }
+
+    async fn wait_connected(&self) {
+        eventually("clients connected", Duration::from_secs(120), || self.connected.load(Ordering::SeqCst)).await;
+    }
+
+    /// Closes the connections; returns how many had connected.
+    fn stop(mut self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().map(|t| t.join().expect("client thread")).unwrap_or(0)
+    }
+}
+
+/// Writes as much of the rest of `head` as the socket takes now.
+fn push(stream: &mut std::net::TcpStream, head: &[u8], sent: &mut usize) {
+    use std::io::Write;
+    while *sent < head.len() {
+        match stream.write(&head[*sent..]) {
+            Ok(n) if n > 0 => *sent += n,
+            // A full socket buffer: try later.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            // Closed by the server: nothing more to send.
+            Ok(_) | Err(_) => *sent = head.len(),
+        }
+    }
+}
+
+impl Drop for PartialHeads {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// (open descriptors, VmRSS in KiB) of `pid`.
+fn fds_and_rss(pid: u32) -> (usize, u64) {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    (fds, rss)
+}
+
+/// Sends one request from inside `ns` and returns the response, failing after `limit`
+/// seconds.
+fn http_get(ns: &crate::support::netns::Netns, host: &str, port: u16, path: &str, limit: u32) -> String {
+    let script = format!("exec 3<>/dev/tcp/{host}/{port}; printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3");
+    let out = ns.run(&["timeout", &limit.to_string(), "bash", "-c", &script]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Hostile clients on the health port (issue 14): under a low open-file limit (256, which the
+/// daemon cannot raise), 300 connections holding small partial heads and 200 pushing
+/// ~390 KB heads leave the daemon its descriptors and memory: it keeps syncing a change,
+/// `/metrics` answers at once, `/healthz` once the idle timeout frees slots, and everything is
+/// released when the clients go. Without the connection cap the descriptors run out (`Too
+/// many open files`) and restores and both servers fail; without the head bound the memory
+/// grows by the heads' size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_clients_on_the_health_port_leave_the_daemon_its_fds_and_memory() {
+    require_root!();
+    // The clients' 500 sockets live in this process.
+    kube_proxy_rs::fd_limit::raise_open_file_limit(&kube_proxy_rs::fd_limit::ProcessOpenFileLimit);
+    let (_api_ns, node_ns, server) = topology("e2ehostile").await;
+    server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
+    server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
+    server.create(&web_slice("10.1.0.1"));
+    let dir = TempDir::new("e2ehostile");
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--nofile=256:256", "ip", "netns", "exec", &node_ns.name, BIN])
+        .args(daemon_args(&dir.kubeconfig(&server), "node-e2e"))
+        .args(["--iptables-sync-period=2s", "--iptables-min-sync-period=100ms"]);
+    let daemon = DaemonProcess::spawn(cmd, dir.path().join("daemon.log"));
+    let pid = daemon.pid();
+    let limit = Duration::from_secs(30);
+    eventually("initial rules", limit, || nat(&node_ns).contains("--to-destination 10.1.0.1:8080")).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (base_fds, base_rss) = fds_and_rss(pid);
+
+    let small = PartialHeads::start(&node_ns.name, HEALTHZ_ADDR, 300, 8 * 1024);
+    let large = PartialHeads::start(&node_ns.name, HEALTHZ_ADDR, 200, 390 * 1024);
+    let (mut max_fds, mut max_rss) = (0, 0);
+    let mut sample = || {
+        let (fds, rss) = fds_and_rss(pid);
+        (max_fds, max_rss) = (max_fds.max(fds), max_rss.max(rss));
+    };
+    small.wait_connected().await;
+    large.wait_connected().await;
+    for _ in 0..20 {
+        sample();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The daemon keeps syncing (iptables-restore needs descriptors) ...
+    server.update(&web_slice("10.1.0.2"));
+    eventually("a change synced under attack", limit, || {
+        sample();
+        nat(&node_ns).contains("--to-destination 10.1.0.2:8080")
+    })
+    .await;
+    // ... the metrics server (its own cap) answers at once ...
+    let metrics = http_get(&node_ns, "127.0.0.1", 10249, "/metrics", 10);
+    assert!(
+        metrics.contains(" 200 ") && metrics.contains("kubeproxy_sync_proxy_rules"),
+        "{metrics:.300}\n{}",
+        daemon.log_text()
+    );
+    // ... and /healthz once the idle timeout has freed a slot.
+    let healthz = http_get(&node_ns, "198.18.20.2", 10256, "/healthz", 90);
+    assert!(healthz.contains(" 200 "), "/healthz under attack: {healthz:?}\n{}", daemon.log_text());
+    sample();
+
+    let connected = small.stop() + large.stop();
+    assert!(connected >= 400, "only {connected} of 500 clients connected: the test exercised little");
+    let cap = kube_proxy_rs::serve::http::MAX_CONNECTIONS;
+    eprintln!("daemon: {base_fds} fds / {base_rss} KiB before, peak {max_fds} fds / {max_rss} KiB under attack");
+    assert!(max_fds <= base_fds + cap + 16, "fds grew from {base_fds} to {max_fds} (cap {cap})");
+    assert!(max_rss <= base_rss + 48 * 1024, "RSS grew from {base_rss} KiB to {max_rss} KiB");
+    let log = daemon.log_text();
+    assert!(!log.contains("Too many open files"), "{log}");
+    eventually("connections released", limit, || fds_and_rss(pid).0 <= base_fds + 4).await;
+}
+
+/// Figures for docs/performance.md ("Hostile clients"): the daemon's descriptors and RSS while
+/// 1000 connections push ~390 KB partial heads at the health port. `KPR_BIN` picks another
+/// binary (e.g. one built before the limits) to compare; `KPR_CONNECTIONS` and
+/// `KPR_HEAD_BYTES` change the attack (heads under 16 KiB are held until the idle timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run by hand, reported in docs/performance.md"]
+async fn hostile_clients_figures() {
+    require_root!();
+    kube_proxy_rs::fd_limit::raise_open_file_limit(&kube_proxy_rs::fd_limit::ProcessOpenFileLimit);
+    let bin = std::env::var("KPR_BIN").unwrap_or_else(|_| BIN.to_string());
+    let connections = std::env::var("KPR_CONNECTIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let head_bytes = std::env::var("KPR_HEAD_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(390 * 1024);
+    let (_api_ns, node_ns, server) = topology("e2efig").await;
+    server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
+    server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
+    server.create(&web_slice("10.1.0.1"));
+    let dir = TempDir::new("e2efig");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &node_ns.name, &bin]).args(daemon_args(&dir.kubeconfig(&server), "node-e2e"));
+    let daemon = DaemonProcess::spawn(cmd, dir.path().join("daemon.log"));
+    let pid = daemon.pid();
+    eventually("initial rules", Duration::from_secs(30), || nat(&node_ns).contains("--to-destination 10.1.0.1:8080"))
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (base_fds, base_rss) = fds_and_rss(pid);
+    let clients = PartialHeads::start(&node_ns.name, HEALTHZ_ADDR, connections, head_bytes);
+    let (mut max_fds, mut max_rss) = (0, 0);
+    let started = Instant::now();
+    let mut connect_phase = None;
+    // Sampled while the clients connect and for 10 s of pushing after.
+    while connect_phase.is_none_or(|done: Instant| done.elapsed() < Duration::from_secs(10)) {
+        if connect_phase.is_none() && clients.connected.load(Ordering::SeqCst) {
+            connect_phase = Some(Instant::now());
+        }
+        assert!(started.elapsed() < Duration::from_secs(180), "clients never finished connecting");
+        let (fds, rss) = fds_and_rss(pid);
+        (max_fds, max_rss) = (max_fds.max(fds), max_rss.max(rss));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let healthz_started = Instant::now();
+    let healthz = http_get(&node_ns, "198.18.20.2", 10256, "/healthz", 60);
+    let healthz_took = healthz_started.elapsed();
+    let connected = clients.stop();
+    eprintln!(
+        "{bin}: {connected} connections with {head_bytes}-byte partial heads (connected in {:?}): fds {base_fds} -> peak {max_fds}; VmRSS {base_rss} KiB -> peak {max_rss} KiB; /healthz {} after {healthz_took:?}",
+        connect_phase.map(|done| done - started).unwrap_or_default(),
+        if healthz.contains(" 200 ") { "200" } else { "no answer" }
+    );
 }

@@ -15,11 +15,11 @@ use kube_proxy_rs::events::{
     EventOptions, EventRecord, EventRecorder, EventType, FakeEventRecorder, KubeEventRecorder, node_ref,
     reporting_instance, service_ref,
 };
-use kube_proxy_rs::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::k8s::{ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::StaticInterfaces;
+use kube_proxy_rs::serve::healthcheck::ServiceHealthServer;
 use kube_proxy_rs::sync_loop::lock;
 use kube_proxy_rs::sysctl::{ConntrackOutcome, FakeSysctl};
 use serde_json::Value;

@@ -5,11 +5,13 @@
 //! [`ServiceHealthServer::sync_services`] opens and closes listeners so that exactly the given
 //! Services have one, on each listen address (the node's addresses matching
 //! `nodePortAddresses`, or all addresses); [`ServiceHealthServer::sync_endpoints`] records the
-//! local ready endpoint counts the answers are built from. Any request gets a JSON answer with
-//! the Service's name, its local endpoint count and the proxy's health: 200 when there is at
-//! least one local endpoint and the proxy is healthy, 503 otherwise. A port that cannot be
-//! bound is logged and returned to the caller (to raise an event); the Service is simply tried
-//! again on the next sync. Nothing here is ever fatal and nothing here decides when to sync.
+//! local ready endpoint counts the answers are built from. Any GET or HEAD request, whatever
+//! its path, gets a JSON answer with the Service's name, its local endpoint count and the
+//! proxy's health: 200 when there is at least one local endpoint and the proxy is healthy, 503
+//! otherwise. Each port has its own client limits ([`Limits`]: connection cap, timeouts, head
+//! size; other methods get 405), so a flood on one port costs the others nothing but CPU. A
+//! port that cannot be bound is logged and returned to the caller (to raise an event); the
+//! Service is simply tried again on the next sync. Nothing here is ever fatal and nothing here decides when to sync.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -21,11 +23,11 @@ use hyper::header::HeaderValue;
 use hyper::{Request, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
-use crate::health::ProxyHealthCheck;
-use crate::http::{self, Body, HttpError, ServerHandle, respond};
 use crate::model::NamespacedName;
 use crate::proxier::NetworkInterfaces;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
+use crate::serve::health::ProxyHealthCheck;
+use crate::serve::http::{self, Body, HttpError, Limits, ServerHandle, respond};
 use crate::tracker::{HealthCheckNodePorts, LocalReadyEndpoints};
 
 /// Header carrying the local endpoint count, for load balancers that weigh nodes by it.
@@ -121,6 +123,8 @@ impl Inner {
 pub struct ServiceHealthServer {
     inner: Arc<Inner>,
     listen_ips: Vec<IpAddr>,
+    /// What each health-check port lets its clients hold (every port has its own cap).
+    limits: Limits,
     /// Where the servers run (syncs may be called from outside the runtime).
     runtime: tokio::runtime::Handle,
     /// Parent of every server's token: cancelling it stops them all.
@@ -151,9 +155,17 @@ impl ServiceHealthServer {
         ServiceHealthServer {
             inner: Arc::new(Inner { node: node.into(), proxy_health, services: Mutex::new(BTreeMap::new()) }),
             listen_ips,
+            limits: Limits::default(),
             runtime,
             cancel,
         }
+    }
+
+    /// Other client limits for the ports opened from now on (tests use short timeouts).
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Makes the set of health checks exactly `services` (Service → port): closes those no
@@ -236,7 +248,7 @@ impl ServiceHealthServer {
             let addr =
                 listener.local_addr().map_err(|source| HttpError::Register { addr: (ip, port).into(), source })?;
             // On error the servers opened so far are dropped, which closes them.
-            let server = http::spawn(&self.runtime, listener, handler.clone(), self.cancel.clone())
+            let server = http::spawn(&self.runtime, listener, handler.clone(), self.limits, self.cancel.clone())
                 .map_err(|source| HttpError::Register { addr, source })?;
             tracing::debug!(service = %name, address = %addr, "healthcheck listening");
             servers.push(server);
@@ -295,9 +307,9 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
-    use crate::http::test_client::{get, request};
     use crate::model::IpFamily;
     use crate::proxier::StaticInterfaces;
+    use crate::serve::http::test_client::{get, request, silent_connection_closed};
 
     #[derive(Default)]
     struct FakeHealth(AtomicBool);
@@ -383,7 +395,7 @@ mod tests {
         assert_eq!(body["localEndpoints"], 0);
         assert_eq!(body["serviceProxyHealthy"], true);
 
-        // An endpoint becomes local and ready: 200, whatever the path or method.
+        // An endpoint becomes local and ready: 200, whatever the path; GET and HEAD alike.
         hc.sync_endpoints(&BTreeMap::from([(web.clone(), 2), (nn("ns3", "no-healthcheck"), 5)]));
         let resp = get(loopback(p1), "/healthz").await;
         assert_eq!(resp.status, 200);
@@ -393,6 +405,8 @@ mod tests {
         assert_eq!(resp.body, response_body(&web, 2, true));
         assert!(resp.raw_head.contains("\r\nX-Load-Balancing-Endpoint-Weight: 2\r\n"), "{}", resp.raw_head);
         assert_eq!(request(loopback(p1), "HEAD", "/").await.unwrap().status, 200);
+        let refused = request(loopback(p1), "POST", "/").await.unwrap();
+        assert_eq!((refused.status, refused.header("allow")), (405, Some("GET, HEAD")));
         assert_eq!(get(loopback(p2), "/").await.status, 503);
 
         // The proxy falls behind: 503 even with local endpoints.
@@ -423,6 +437,21 @@ mod tests {
 
         drop(hc);
         assert!(request(loopback(p1), "GET", "/").await.is_err(), "dropping the server closes its ports");
+    }
+
+    #[tokio::test]
+    async fn health_check_ports_apply_their_client_limits() {
+        let health = Arc::new(FakeHealth(AtomicBool::new(true)));
+        let limits = Limits {
+            idle_timeout: std::time::Duration::from_millis(100),
+            header_read_timeout: std::time::Duration::from_secs(600),
+            ..Limits::default()
+        };
+        let hc = server(health, vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]).with_limits(limits);
+        let port = free_port();
+        assert!(hc.sync_services(&BTreeMap::from([(nn("ns", "lb"), port)])).is_empty());
+        assert!(silent_connection_closed(loopback(port), std::time::Duration::from_secs(20)).await);
+        assert_eq!(get(loopback(port), "/").await.status, 503);
     }
 
     #[tokio::test]

@@ -27,9 +27,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::compat::Release;
-use crate::http::{self, Body, respond};
 use crate::metrics::{self, Metrics};
 use crate::model::IpFamily;
+use crate::serve::http::{self, Body, Limits, respond};
 
 /// Taint the cluster autoscaler puts on a node it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
@@ -505,13 +505,19 @@ impl ProxierHealthServer {
         respond(probe.status(), JSON, probe.body)
     }
 
-    /// Serves `/healthz` and `/livez` on `listener` until `cancel` fires.
+    /// Serves `/healthz` and `/livez` on `listener` until `cancel` fires, with the
+    /// production [`Limits`].
     pub async fn serve(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+        self.serve_with_limits(listener, Limits::default(), cancel).await;
+    }
+
+    /// [`Self::serve`] with other client limits (tests use short timeouts).
+    pub async fn serve_with_limits(self: Arc<Self>, listener: TcpListener, limits: Limits, cancel: CancellationToken) {
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(address = %addr, "starting healthz HTTP server");
         }
         let handler = Arc::new(move |req: &Request<Incoming>| self.handle(req));
-        http::serve(listener, handler, cancel).await;
+        http::serve(listener, handler, limits, cancel).await;
     }
 }
 
@@ -561,13 +567,18 @@ impl MetricsServer {
         }
     }
 
-    /// Serves until `cancel` fires.
+    /// Serves until `cancel` fires, with the production [`Limits`].
     pub async fn serve(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+        self.serve_with_limits(listener, Limits::default(), cancel).await;
+    }
+
+    /// [`Self::serve`] with other client limits (tests use short timeouts).
+    pub async fn serve_with_limits(self: Arc<Self>, listener: TcpListener, limits: Limits, cancel: CancellationToken) {
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(address = %addr, "starting metrics HTTP server");
         }
         let handler = Arc::new(move |req: &Request<Incoming>| self.handle(req));
-        http::serve(listener, handler, cancel).await;
+        http::serve(listener, handler, limits, cancel).await;
     }
 }
 
@@ -580,7 +591,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     use super::*;
-    use crate::http::test_client::get;
+    use crate::serve::http::test_client::{get, request, silent_connection_closed};
 
     const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -897,6 +908,9 @@ mod tests {
 
         assert_eq!(get(addr, "/metrics").await.status, 404);
         assert_eq!(get(addr, "/healthz/").await.status, 404);
+        // Other methods are refused before the probe is evaluated (and counted).
+        let refused = request(addr, "POST", "/healthz").await.unwrap();
+        assert_eq!((refused.status, refused.header("allow")), (405, Some("GET, HEAD")));
 
         let text = metrics.encode_text().unwrap();
         assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 2"), "{text}");
@@ -929,6 +943,32 @@ mod tests {
         let resp = get(addr, "/livez").await;
         assert_eq!(resp.status, 200);
         assert_eq!(resp.json()["status"]["IPv4"]["healthy"], true);
+        cancel.cancel();
+    }
+
+    /// Both servers run with the limits they are given (the shared layer's tests cover each
+    /// limit): here an idle connection is closed after a short idle timeout.
+    #[tokio::test]
+    async fn both_servers_apply_their_client_limits() {
+        let limits = Limits {
+            idle_timeout: Duration::from_millis(100),
+            header_read_timeout: Duration::from_secs(600),
+            ..Limits::default()
+        };
+        let metrics = Arc::new(Metrics::new(Release::NEWEST).unwrap());
+        let cancel = CancellationToken::new();
+        let health = Arc::new(ProxierHealthServer::new(TIMEOUT, Release::NEWEST, Arc::new(SystemClock), None));
+        let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let health_addr = listener.local_addr().unwrap();
+        tokio::spawn(health.serve_with_limits(listener, limits, cancel.clone()));
+        let server = Arc::new(MetricsServer::new(metrics, &serde_json::json!({})).unwrap());
+        let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let metrics_addr = listener.local_addr().unwrap();
+        tokio::spawn(server.serve_with_limits(listener, limits, cancel.clone()));
+        for addr in [health_addr, metrics_addr] {
+            assert!(silent_connection_closed(addr, Duration::from_secs(20)).await, "{addr}");
+            assert_eq!(get(addr, "/healthz").await.status, if addr == health_addr { 503 } else { 200 });
+        }
         cancel.cancel();
     }
 
@@ -965,6 +1005,8 @@ mod tests {
 
         let resp = get(addr, "/nope").await;
         assert_eq!((resp.status, resp.body.as_str()), (404, "404 page not found\n"));
+        let resp = request(addr, "DELETE", "/metrics").await.unwrap();
+        assert_eq!((resp.status, resp.header("allow")), (405, Some("GET, HEAD")));
 
         cancel.cancel();
         task.await.unwrap();
