@@ -15,6 +15,7 @@ mod e2e_traffic;
 mod e2e_versions;
 mod events;
 mod golden;
+mod hostile_objects;
 mod image;
 mod iptables_real;
 mod k8s_events;
