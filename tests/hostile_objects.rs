@@ -309,3 +309,138 @@ fn hostile_services_and_slices_never_cost_the_others_their_rules() {
         let _ = std::io::stderr().write_all(b"iptables-restore --test half skipped: not root\n");
     }
 }
+
+/// Configuration fields with values of every shape: each file either loads (then validation
+/// accepts it or names the field) or fails naming the file.
+fn config_text() -> impl Strategy<Value = (String, String)> {
+    let keys = prop::sample::select(vec![
+        "bindAddress",
+        "clusterCIDR",
+        "healthzBindAddress",
+        "metricsBindAddress",
+        "hostnameOverride",
+        "mode",
+        "nodePortAddresses",
+        "detectLocalMode",
+        "compatibilityVersion",
+        "featureGates",
+        "iptables",
+        "conntrack",
+        "clientConnection",
+        "detectLocal",
+        "oomScoreAdj",
+        "portRange",
+        "configSyncPeriod",
+        "showHiddenMetricsForVersion",
+        "bogusField",
+    ]);
+    let values = prop_oneof![
+        hostile_string().prop_map(|s| serde_json::to_string(&s).unwrap_or_default()),
+        hostile_int().prop_map(|n| n.to_string()),
+        prop::sample::select(vec![
+            "[]",
+            "{}",
+            "null",
+            "true",
+            "[\"primary\"]",
+            "{masqueradeBit: 99}",
+            "{minSyncPeriod: -1s}",
+            "{syncPeriod: 1h, masqueradeAll: yes}",
+            "{maxPerCore: -5}",
+            "\"1.99\"",
+            "\"1.31\"",
+            "{a: b}",
+            "[1, 2]",
+            "\"010.0.0.1/8\"",
+            "\"::ffff:1.2.3.4\"",
+            "'0.0.0.0:99999'",
+            "{kubeconfig: 7}",
+        ])
+        .prop_map(str::to_string),
+    ];
+    (keys, values).prop_map(|(k, v)| (k.to_string(), v)).prop_map(|(k, v)| {
+        let text = format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{k}: {v}\n");
+        (k, text)
+    })
+}
+
+#[test]
+fn kernel_output_and_configuration_parsers_never_panic() {
+    use kube_proxy_rs::iptables::runner::{IptablesVersion, parse_restore_error};
+    use kube_proxy_rs::iptables::save;
+
+    let golden = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/nodeport/expected.rules"),
+    )
+    .expect("golden rules");
+    let lines: Vec<String> = golden.lines().map(str::to_string).collect();
+    let line_count = lines.len();
+
+    // iptables-save / restore text: a real dump with lines damaged, dropped, duplicated or
+    // replaced by arbitrary bytes.
+    let damaged = prop::collection::vec((0..line_count, 0u8..4, hostile_string()), 0..12).prop_map(move |edits| {
+        let mut out = lines.clone();
+        for (at, kind, junk) in edits {
+            let at = at.min(out.len().saturating_sub(1));
+            if out.is_empty() {
+                break;
+            }
+            match kind {
+                0 => out[at] = junk,
+                1 => {
+                    let keep = out[at].char_indices().nth(junk.len() % 40).map_or(out[at].len(), |(i, _)| i);
+                    out[at].truncate(keep);
+                }
+                2 => {
+                    out.remove(at);
+                }
+                _ => out.insert(at, junk),
+            }
+        }
+        out.join("\n")
+    });
+    let mut runner = TestRunner::new(Config { cases: 512, failure_persistence: None, ..Config::default() });
+    runner
+        .run(&(damaged, any::<usize>(), hostile_string()), |(text, line, stderr)| {
+            let _ = save::chains_from_table(text.as_bytes());
+            let _ = save::format_line_context(text.as_bytes(), line % (line_count + 5), line % 7);
+            if let Err(e) = kube_proxy_rs::trace::RuleSet::parse(&text) {
+                let total = text.split('\n').count();
+                prop_assert!(e.line >= 1 && e.line <= total, "error names line {} of {total}: {e}", e.line);
+            }
+            // Restore errors and version banners as iptables prints them, or not at all.
+            for output in [
+                stderr.clone(),
+                format!("iptables-restore: line {line} failed\n{stderr}"),
+                format!("iptables v{stderr}"),
+            ] {
+                let _ = parse_restore_error(&output);
+                let _ = IptablesVersion::find_in(&output);
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let mut runner = TestRunner::new(Config { cases: 512, failure_persistence: None, ..Config::default() });
+    runner
+        .run(&config_text(), |(key, text)| {
+            let path = std::path::Path::new("config.yaml");
+            match kube_proxy_rs::config::parse_config(&text, path) {
+                Ok(cfg) => {
+                    if let Err(errors) = kube_proxy_rs::config::Settings::from_config(&cfg) {
+                        prop_assert!(!errors.is_empty());
+                        let all: String = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+                        // Validation names the field it rejects (nested fields by their path).
+                        prop_assert!(
+                            errors.iter().all(|e| !e.to_string().is_empty())
+                                && all.to_lowercase().contains(&key.to_lowercase()[..3.min(key.len())]),
+                            "{key}: {all}\n{text}"
+                        );
+                    }
+                }
+                Err(e) => prop_assert!(e.to_string().starts_with("config.yaml"), "{e}"),
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+}
