@@ -186,7 +186,7 @@ async fn daemon_main(
     let shutdown = CancellationToken::new();
     // Watch the config file from before anything else is read.
     let watcher = match &config_path {
-        Some(p) => crate::config_watch::ConfigWatcher::new(p, Duration::from_secs(2)).ok(),
+        Some(p) => crate::config_watch::ConfigWatcher::new(p, crate::config_watch::DEFAULT_POLL_INTERVAL).ok(),
         None => None,
     };
     let client = crate::k8s::client::build(settings.client.kubeconfig.as_deref(), master.as_deref()).await?;

@@ -75,12 +75,6 @@ impl SyncLoop {
         Ok(SyncLoop { proxier, runner, monitor })
     }
 
-    /// Replaces the canary monitor (tests use shorter flush timings).
-    pub fn with_monitor(mut self, monitor: CanaryMonitor) -> SyncLoop {
-        self.monitor = monitor;
-        self
-    }
-
     /// What event handlers call to ask for a sync.
     pub fn handle(&self) -> RunnerHandle {
         self.runner.handle()

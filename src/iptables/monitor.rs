@@ -110,13 +110,6 @@ impl CanaryMonitor {
         self
     }
 
-    /// Overrides [`FLUSH_POLL_INTERVAL`] and [`FLUSH_TIMEOUT`].
-    pub fn with_flush_timing(mut self, poll: Duration, timeout: Duration) -> Self {
-        self.flush_poll = poll;
-        self.flush_timeout = timeout;
-        self
-    }
-
     /// One round of checks at `now`.
     pub fn step(&mut self, now: Instant) -> Step {
         let Some(&first) = self.tables.first() else {

@@ -9,9 +9,6 @@ use k8s_openapi::api::core::v1::Node;
 use super::ip::parse_ip_sloppy;
 use super::names::IpFamily;
 
-/// The label carrying the node's zone, used by topology hints.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-
 /// The parts of this node the proxier uses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeInfo {

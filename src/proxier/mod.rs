@@ -375,11 +375,6 @@ impl Proxier {
         self.changes.is_initialized()
     }
 
-    /// Services with changes not yet applied (what a partial sync would rewrite).
-    pub fn pending_changes(&self) -> HashSet<NamespacedName> {
-        self.changes.pending_services()
-    }
-
     pub fn services(&self) -> &ServicePortMap {
         &self.services
     }
