@@ -46,7 +46,7 @@ pub enum DaemonError {
     #[error("failed to create the sync loop: {0}")]
     Runner(#[from] crate::runner::RunnerError),
     #[error("failed to create metrics: {0}")]
-    Metrics(String),
+    Metrics(#[from] crate::metrics::MetricsError),
 }
 
 /// The side effects the daemon is built on.
@@ -112,10 +112,9 @@ impl Daemon {
             }
         }
 
-        let metrics =
-            Arc::new(Metrics::new(settings.features.release).map_err(|e| DaemonError::Metrics(e.to_string()))?);
+        let metrics = Arc::new(Metrics::new(settings.features.release)?);
         if let Some(nfacct) = &deps.nfacct {
-            metrics.register_nfacct(nfacct).map_err(|e| DaemonError::Metrics(e.to_string()))?;
+            metrics.register_nfacct(nfacct)?;
         }
         let health = Arc::new(ProxierHealthServer::new(
             settings.sync_period * 2,
