@@ -8,8 +8,11 @@
 #   sudo bash scripts/image.sh          # then: podman load -i PATH   or   docker load -i PATH
 #
 # The last line printed (the only one on stdout) is the path of the OCI archive, a tar of the
-# OCI image layout (the layout directory itself is `oci/` beside it). Run as root (mmdebstrap
-# and umoci unpack need it); missing tools are installed with apt-get.
+# OCI image layout (the layout directory itself is `oci/` beside it). Docker before 25 cannot
+# load an OCI archive, so the same image (same config, same image ID) is also written beside it
+# as a gzipped docker-archive (skopeo), kube-proxy-rs-VERSION.docker.tar.gz, which every docker
+# version loads. Run as root (mmdebstrap and umoci unpack need it); missing tools are installed
+# with apt-get.
 #
 # Reproducible: with the same commit and the same Debian mirror state the image digest is the
 # same. Timestamps come from git (SOURCE_DATE_EPOCH: the commit time for the binary layer and
@@ -45,6 +48,7 @@ die() {
 need=()
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 command -v umoci >/dev/null 2>&1 || need+=(umoci)
+command -v skopeo >/dev/null 2>&1 || need+=(skopeo)
 command -v objcopy >/dev/null 2>&1 || need+=(binutils)
 command -v strip >/dev/null 2>&1 || need+=(binutils)
 command -v flock >/dev/null 2>&1 || need+=(util-linux)
@@ -130,8 +134,9 @@ fi
 
 # ---- The image --------------------------------------------------------------------------
 archive="$out/kube-proxy-rs-$version.oci.tar"
+docker_archive="$out/kube-proxy-rs-$version.docker.tar.gz"
 stamp=$(cat "$0" "$base" "$out/kube-proxy-rs" <(echo "$name $epoch") | sha256sum | cut -c1-64)
-if [ -f "$archive" ] && [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
+if [ -f "$archive" ] && [ -f "$docker_archive" ] && [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
     log "image up to date"
     echo "$archive"
     exit 0
@@ -187,9 +192,19 @@ rm -f "$archive"
 tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$work/oci" \
     -cf "$archive.partial" oci-layout index.json blobs
 mv "$archive.partial" "$archive"
+
+# For Docker < 25 (e.g. Debian bookworm's docker.io 20.10), which rejects OCI archives. skopeo
+# writes the layers uncompressed with fixed timestamps; gzip -n (no name, no time) keeps it
+# reproducible, and docker load reads it compressed.
+rm -f "$docker_archive"
+TMPDIR="$work" skopeo copy --quiet "oci-archive:$archive" "docker-archive:$work/docker.tar:$name" >&2
+gzip -n -c "$work/docker.tar" >"$docker_archive.partial"
+touch -d "@$epoch" "$docker_archive.partial"
+mv "$docker_archive.partial" "$docker_archive"
 mv "$work/oci" "$out/oci"
 echo "$stamp" >"$out/stamp"
 
 manifest=$(sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p' "$out/oci/index.json")
 log "$name ($commit): manifest $manifest, $(du -k "$archive" | cut -f1) KiB archive"
+log "for docker < 25: $docker_archive ($(du -k "$docker_archive" | cut -f1) KiB)"
 echo "$archive"

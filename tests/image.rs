@@ -6,7 +6,8 @@
 //! the test API server: it picks the backend the node uses, programs the rules, answers
 //! /healthz, clears conntrack entries, and `--cleanup` from the image removes its rules.
 //! Both backends, so the image's iptables-nft and iptables-legacy are each shown to agree with
-//! the host kernel. Root only (CI is root); needs the Debian mirror the first time.
+//! the host kernel. The docker-archive written beside it (for Docker < 25) is checked to be the
+//! same image. Root only (CI is root); needs the Debian mirror the first time.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -220,6 +221,49 @@ fn image_metadata_binary_and_tools() {
     }
     image_ok(&ns, &rootfs, &["nft", "list", "tables"]);
     image_ok(&ns, &rootfs, &["conntrack", "-L"]);
+}
+
+/// Docker before 25 cannot load an OCI archive, so the script writes the image again as a
+/// docker-archive beside it. It must be the same image: the same config blob (so the same image
+/// ID), the name docker tags it with, and the same layers (each layer's digest is the config's
+/// diff_id for it).
+#[test]
+fn image_docker_archive_is_the_same_image() {
+    require_root!();
+    let archive = image_archive();
+    let version = env!("CARGO_PKG_VERSION");
+    let docker_archive = archive.with_file_name(format!("kube-proxy-rs-{version}.docker.tar.gz"));
+    assert!(docker_archive.is_file(), "no docker-archive beside {}", archive.display());
+    let dir = TempDir::new("imgdocker");
+    let (layout, saved) = (dir.path().join("layout"), dir.path().join("docker"));
+    for d in [&layout, &saved] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    run(Command::new("tar").arg("-xf").arg(&archive).arg("-C").arg(&layout));
+    run(Command::new("tar").arg("-xzf").arg(&docker_archive).arg("-C").arg(&saved));
+
+    let index = json(&layout.join("index.json"));
+    let manifest = json(&blob(&layout, &index["manifests"][0]));
+    let config = json(&blob(&layout, &manifest["config"]));
+    let config_hex =
+        manifest["config"]["digest"].as_str().and_then(|d| d.strip_prefix("sha256:")).expect("config digest");
+
+    let saved_manifest = json(&saved.join("manifest.json"));
+    let entries = saved_manifest.as_array().expect("manifest.json is a list");
+    assert_eq!(entries.len(), 1, "one image in the docker-archive: {saved_manifest}");
+    let entry = &entries[0];
+    assert_eq!(entry["RepoTags"], serde_json::json!([format!("docker.io/library/kube-proxy-rs:{version}")]), "{entry}");
+    let saved_config = entry["Config"].as_str().expect("Config");
+    assert_eq!(saved_config, format!("{config_hex}.json"), "{entry}");
+    assert_eq!(sha256_hex(&saved.join(saved_config)), config_hex, "the docker-archive's config differs");
+
+    let diff_ids = config["rootfs"]["diff_ids"].as_array().expect("diff_ids");
+    let layers = entry["Layers"].as_array().expect("Layers");
+    assert_eq!(layers.len(), diff_ids.len(), "{entry}\n{config}");
+    for (layer, diff_id) in layers.iter().zip(diff_ids) {
+        let path = saved.join(layer.as_str().expect("layer path"));
+        assert_eq!(Some(format!("sha256:{}", sha256_hex(&path)).as_str()), diff_id.as_str(), "layer {layer}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
