@@ -13,7 +13,8 @@
 //!
 //! The binary is run as `kube-proxy-rs render <args> [--config config.yaml] cluster.yaml
 //! [--then then-1.yaml ...]` from the scenario directory and its stdout is compared byte for
-//! byte; every failing scenario is reported with a unified diff.
+//! byte; a failing scenario is reported with a unified diff. Each scenario is its own test
+//! (`golden::<name with underscores>`).
 //!
 //! `UPDATE_GOLDEN=1` rewrites `expected.rules` with the actual output instead of failing.
 //! Only use it after reviewing the diff against the upstream Go source: the expected files
@@ -127,28 +128,75 @@ fn run_scenario(dir: &Path, update: bool) -> Result<(), String> {
     Err(report)
 }
 
-#[test]
-fn golden_scenarios() {
+/// Runs one scenario; the diff is the panic message.
+fn check(name: &str) {
     let update = std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1");
-    let dirs = scenarios();
-    assert!(!dirs.is_empty(), "no scenarios under {}", golden_dir().display());
-    let mut failures = Vec::new();
-    for dir in &dirs {
-        if let Err(report) = run_scenario(dir, update) {
-            failures.push((dir.file_name().unwrap_or_default().to_string_lossy().into_owned(), report));
-        }
-    }
-    if !failures.is_empty() {
-        for (_, report) in &failures {
-            eprintln!("{report}");
-        }
-        let names: Vec<&str> = failures.iter().map(|(n, _)| n.as_str()).collect();
+    if let Err(report) = run_scenario(&golden_dir().join(name), update) {
         panic!(
-            "{} of {} golden scenarios failed: {}\n(diffs above; `-` = expected, `+` = actual. \
-             Set UPDATE_GOLDEN=1 to accept the actual output ONLY after checking it against upstream.)",
-            failures.len(),
-            dirs.len(),
-            names.join(", ")
+            "{report}\n(`-` = expected, `+` = actual. Set UPDATE_GOLDEN=1 to accept the actual \
+             output ONLY after checking it against upstream.)"
         );
     }
+}
+
+/// One test per scenario, so each can be run (and fails) on its own:
+/// `cargo nextest run -E 'test(golden::nodeport)'`.
+macro_rules! golden_scenarios {
+    ($($test:ident => $dir:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                check($dir);
+            }
+        )*
+
+        /// Every scenario directory has its test above, and every test its directory.
+        #[test]
+        fn every_scenario_directory_has_a_test() {
+            let listed: Vec<&str> = vec![$($dir),*];
+            let found: Vec<String> =
+                scenarios().iter().map(|d| d.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
+            assert_eq!(listed, found, "add new scenarios to golden_scenarios! in tests/golden.rs");
+        }
+    };
+}
+
+golden_scenarios! {
+    clusterip_probabilities => "clusterip-probabilities",
+    detect_local_bridge => "detect-local-bridge",
+    detect_local_cluster_cidr => "detect-local-cluster-cidr",
+    detect_local_interface_prefix => "detect-local-interface-prefix",
+    detect_local_node_cidr => "detect-local-node-cidr",
+    duplicate_endpoints => "duplicate-endpoints",
+    etp_local => "etp-local",
+    external_ips => "external-ips",
+    ipv6 => "ipv6",
+    itp_etp_local => "itp-etp-local",
+    itp_local => "itp-local",
+    large_cluster => "large-cluster",
+    large_cluster_threshold => "large-cluster-threshold",
+    loadbalancer => "loadbalancer",
+    loadbalancer_ip_mode => "loadbalancer-ip-mode",
+    loadbalancer_source_ranges => "loadbalancer-source-ranges",
+    localhost_nodeports_off => "localhost-nodeports-off",
+    masquerade_all => "masquerade-all",
+    multi_port => "multi-port",
+    no_endpoints => "no-endpoints",
+    nodeport => "nodeport",
+    nodeport_addresses => "nodeport-addresses",
+    nodeport_addresses_localhost_off => "nodeport-addresses-localhost-off",
+    nodeport_addresses_loopback => "nodeport-addresses-loopback",
+    old_iptables => "old-iptables",
+    ordering_by_service_name => "ordering-by-service-name",
+    partial_sync => "partial-sync",
+    partial_sync_policy => "partial-sync-policy",
+    service_edge_cases => "service-edge-cases",
+    session_affinity => "session-affinity",
+    terminating_fallback => "terminating-fallback",
+    topology_hints => "topology-hints",
+    topology_hints_1_31 => "topology-hints-1.31",
+    topology_hints_unusable => "topology-hints-unusable",
+    topology_node_hints => "topology-node-hints",
+    topology_node_hints_1_33 => "topology-node-hints-1.33",
+    udp_sctp => "udp-sctp",
 }
