@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::iptables::Iptables;
 use crate::iptables::monitor::{CANARY_TABLES, CanaryMonitor, Sentinel};
@@ -89,12 +90,22 @@ impl SyncLoop {
     pub async fn run(self, shutdown: CancellationToken, on_report: impl Fn(&SyncReport) + Send + Sync + 'static) {
         let SyncLoop { proxier, runner, monitor } = self;
         let handle = runner.handle();
-        let recorder = lock(&proxier).recorder();
-        let monitor_task = tokio::spawn(monitor.run(shutdown.clone(), move || {
-            tracing::info!("iptables were flushed from outside; forcing a full resync");
-            recorder.resync_from_kernel();
-            handle.run();
-        }));
+        let (recorder, family) = {
+            let p = lock(&proxier);
+            (p.recorder(), p.family())
+        };
+        // Every log line of a family's syncs and canary checks carries the family (dual-stack
+        // nodes run two of these loops side by side).
+        let canary_span = tracing::info_span!("canary", family = %family);
+        let monitor_task = tokio::spawn(
+            monitor
+                .run(shutdown.clone(), move || {
+                    tracing::info!("iptables were flushed from outside; forcing a full resync");
+                    recorder.resync_from_kernel();
+                    handle.run();
+                })
+                .instrument(canary_span),
+        );
         // The first sync happens as soon as the loop starts (and is full).
         runner.handle().run();
         let on_report = Arc::new(on_report);
@@ -103,7 +114,11 @@ impl SyncLoop {
                 let proxier = proxier.clone();
                 let on_report = on_report.clone();
                 async move {
-                    let outcome = tokio::task::spawn_blocking(move || lock(&proxier).sync(Instant::now())).await;
+                    let outcome = tokio::task::spawn_blocking(move || {
+                        let _span = tracing::info_span!("sync", family = %family).entered();
+                        lock(&proxier).sync(Instant::now())
+                    })
+                    .await;
                     match outcome {
                         Ok(SyncOutcome::Synced(report)) => {
                             on_report(&report);

@@ -488,6 +488,8 @@ async fn iptables_restore_failures_turn_healthz_503_and_recover() {
     let log = t.log();
     assert!(log.matches("sync failed").count() >= 3, "each failure is logged:\n{log}");
     assert!(log.contains("injected failure"), "the restore's own message is logged:\n{log}");
+    // Sync logs name their family (a dual-stack node runs two sync loops).
+    assert!(log.contains("sync{family=IPv4}"), "sync logs carry the family span:\n{log}");
     t.assert_alive();
 
     std::fs::remove_file(&flag).expect("remove flag");

@@ -371,6 +371,11 @@ impl Proxier {
         self.changes.resync_from_kernel();
     }
 
+    /// The IP family this proxier programs.
+    pub fn family(&self) -> crate::model::IpFamily {
+        self.cfg.render.family
+    }
+
     pub fn is_initialized(&self) -> bool {
         self.changes.is_initialized()
     }
