@@ -22,6 +22,7 @@ use clap::Args;
 use super::render::{self, RenderCmdError};
 use super::trace::LiveNode;
 use crate::cli::{IpFamilyArg, RenderArgs, RenderOptions};
+use crate::config::Settings;
 use crate::manifest::Snapshot;
 use crate::model::IpFamily;
 use crate::trace::ruleset::{Chain, LoadedRule, builtin_chains};
@@ -253,8 +254,9 @@ pub fn run(args: &DiffArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<
     };
     let mut buf = Vec::new();
     if args.manifests.is_empty() {
-        let snapshot = cluster_snapshot(args)?;
-        render::render_snapshots(&render_args, &[snapshot], &mut buf)?;
+        let settings = render::load_settings(&args.render)?;
+        let snapshot = cluster_snapshot(args, &settings)?;
+        render::render_snapshots_with(&render_args, &settings, &[snapshot], &mut buf)?;
     } else {
         render::run_node(&render_args, &mut buf)?;
     }
@@ -280,9 +282,8 @@ pub fn run(args: &DiffArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<
 }
 
 /// The cluster state from the API server, as a snapshot `render` takes.
-fn cluster_snapshot(args: &DiffArgs) -> Result<Snapshot, DiffCmdError> {
-    let settings = render::load_settings(&args.render)?;
-    let node_name = render::node_name(&args.render, &settings);
+fn cluster_snapshot(args: &DiffArgs, settings: &Settings) -> Result<Snapshot, DiffCmdError> {
+    let node_name = render::node_name(&args.render, settings);
     let kubeconfig = args.kubeconfig.as_deref().or(settings.client.kubeconfig.as_deref());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(DiffCmdError::Runtime)?;
     let state = runtime.block_on(async {

@@ -121,10 +121,19 @@ pub fn render_snapshots(
     snapshots: &[Snapshot],
     out: &mut dyn Write,
 ) -> Result<RenderedNode, RenderCmdError> {
-    let settings = load_settings(&args.options)?;
+    render_snapshots_with(args, &load_settings(&args.options)?, snapshots, out)
+}
+
+/// [`render_snapshots`] with the settings already loaded from `args` ([`load_settings`]).
+pub fn render_snapshots_with(
+    args: &RenderArgs,
+    settings: &Settings,
+    snapshots: &[Snapshot],
+    out: &mut dyn Write,
+) -> Result<RenderedNode, RenderCmdError> {
     let random_fully = random_fully_supported(&args.options.iptables_version)?;
     let family = IpFamily::from(args.ip_family);
-    let hostname = node_name(&args.options, &settings);
+    let hostname = node_name(&args.options, settings);
 
     let empty = Snapshot::default();
     let first = snapshots.first().unwrap_or(&empty);

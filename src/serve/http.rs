@@ -377,6 +377,21 @@ impl<S> IdleTimeout<S> {
         self.deadline.as_mut().reset(next);
     }
 
+    /// The outcome of a write on the inner stream: bytes written count as progress; not ready
+    /// means the idle deadline decides.
+    fn after_write(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match polled {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.progressed();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => self.poll_idle(cx),
+            ready => ready,
+        }
+    }
+
     /// Called when the inner stream is not ready: time out if the deadline has passed (the
     /// task is woken when it does).
     fn poll_idle<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
@@ -407,16 +422,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeout<S> {
 impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.progressed();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.poll_idle(cx),
-        }
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.after_write(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -425,16 +432,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.progressed();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.poll_idle(cx),
-        }
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.after_write(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
