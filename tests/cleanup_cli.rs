@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use kube_proxy_rs::iptables::Iptables;
 use kube_proxy_rs::iptables::runner::Backend;
-use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces, SyncOutcome};
 
 use crate::require_root;
@@ -53,8 +53,8 @@ fn cleanup_removes_our_rules_only_and_is_idempotent() {
         let web = svc("ns1", "web").type_("LoadBalancer").cluster_ip("172.30.0.1").node_port("http", 80, 30080);
         let web = web.lb_ingress(&["203.0.113.7"]).source_ranges(&["198.18.0.0/15"]).build();
         let empty = svc("ns1", "empty").cluster_ip("172.30.0.2").tcp("http", 80).build();
-        proxier.on_service_update(None, Some(&web));
-        proxier.on_service_update(None, Some(&empty));
+        proxier.on_service_state(NamespacedName::of_object(&web.metadata), Some(&web));
+        proxier.on_service_state(NamespacedName::of_object(&empty.metadata), Some(&empty));
         let eps = slice("ns1", "web", "web-1").tcp("http", 8080).endpoint(ep("10.1.0.1")).build();
         proxier.on_endpoint_slice_update(&eps, false);
         match proxier.sync(Instant::now()) {

@@ -26,7 +26,7 @@ use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::iptables::runner::Backend;
 use kube_proxy_rs::iptables::{FlushFlag, Iptables, RestoreCounters, Table};
 use kube_proxy_rs::k8s::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
-use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::{StaticInterfaces, SyncOutcome};
 use kube_proxy_rs::sync_loop::lock;
 use serde_json::json;
@@ -143,7 +143,7 @@ impl Testbed {
         for f in &daemon.families {
             let mut p = lock(&f.proxier);
             for s in &services {
-                p.on_service_update(None, Some(s));
+                p.on_service_state(NamespacedName::of_object(&s.metadata), Some(s));
             }
             for s in &slices {
                 p.on_endpoint_slice_update(s, false);

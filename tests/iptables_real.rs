@@ -22,7 +22,7 @@ use kube_proxy_rs::iptables::monitor::{CANARY_TABLES, CanaryMonitor};
 use kube_proxy_rs::iptables::restore_plan;
 use kube_proxy_rs::iptables::runner::{Backend, IptablesVersion, RunnerOptions};
 use kube_proxy_rs::iptables::{FlushFlag, Iptables, IptablesError, RestoreCounters, RulePosition, Table};
-use kube_proxy_rs::model::{Cidr, IpFamily};
+use kube_proxy_rs::model::{Cidr, IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome, SyncReport};
@@ -260,7 +260,7 @@ fn cluster() -> Cluster {
 impl Cluster {
     fn apply_to(&self, proxier: &mut Proxier) {
         for s in self.services.values() {
-            proxier.on_service_update(None, Some(s));
+            proxier.on_service_state(NamespacedName::of_object(&s.metadata), Some(s));
         }
         for s in self.slices.values() {
             proxier.on_endpoint_slice_update(s, false);
@@ -376,10 +376,10 @@ fn proxier_full_and_partial_syncs_on_real_iptables() {
         assert!(!np_chains.is_empty(), "{backend_name}");
         let np = cluster.services.remove("np").expect("np");
         let np_slice = cluster.slices.remove("np").expect("np slice");
-        proxier.on_service_update(Some(&np), None);
+        proxier.on_service_state(NamespacedName::of_object(&np.metadata), None);
         proxier.on_endpoint_slice_update(&np_slice, true);
         let empty = cluster.services.remove("empty").expect("empty");
-        proxier.on_service_update(Some(&empty), None);
+        proxier.on_service_state(NamespacedName::of_object(&empty.metadata), None);
         now += Duration::from_secs(1);
         sync(&mut proxier, now);
         let nat = chain_rules(ipt.as_ref(), Table::Nat);
@@ -518,7 +518,7 @@ fn failed_restore_is_reported_with_context_and_retried_full() {
 
         let web = cluster.services.remove("web").expect("web");
         let web_slice = cluster.slices.remove("web").expect("web slice");
-        proxier.on_service_update(Some(&web), None);
+        proxier.on_service_state(NamespacedName::of_object(&web.metadata), None);
         proxier.on_endpoint_slice_update(&web_slice, true);
         now += Duration::from_secs(1);
         let report = match proxier.sync(now) {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use kube_proxy_rs::iptables::Iptables;
 use kube_proxy_rs::iptables::runner::Backend;
-use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces};
 use kube_proxy_rs::sync_loop::{SyncLoop, lock};
 use tokio_util::sync::CancellationToken;
@@ -55,7 +55,7 @@ async fn flushed_rules_are_repaired_within_one_sync_period() {
         {
             let p = lock(&proxier);
             let web = svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build();
-            p.on_service_update(None, Some(&web));
+            p.on_service_state(NamespacedName::of_object(&web.metadata), Some(&web));
             p.on_endpoint_slice_update(
                 &slice("ns1", "web", "web-1").tcp("http", 8080).endpoint(ep("10.1.0.1")).build(),
                 false,

@@ -2,22 +2,22 @@
 //! sync out, computed by the same proxier the daemon runs, against an in-memory iptables that
 //! keeps the chains each sync leaves behind (what stale-chain cleanup looks at).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 
 use crate::cli::{RenderArgs, RenderOptions};
 use crate::config::{self, Settings};
 use crate::iptables::chain_tracker::ChainTracker;
 use crate::iptables::runner::{IptablesVersion, RANDOM_FULLY_MIN_VERSION};
 use crate::manifest::{self, Snapshot};
-use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
+use crate::model::{IpFamily, NamespacedName};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome};
@@ -236,18 +236,16 @@ fn key(ns: Option<&String>, name: Option<&String>) -> (String, String) {
 
 /// Feeds the differences between two snapshots to the proxier, as watch events would.
 fn apply_snapshot(proxier: &mut Proxier, old: &Snapshot, new: &Snapshot, hostname: &str) {
-    let old_svcs: HashMap<(String, String), &Service> =
-        old.services.iter().map(|s| (key(s.metadata.namespace.as_ref(), s.metadata.name.as_ref()), s)).collect();
-    let new_keys: HashSet<(String, String)> =
-        new.services.iter().map(|s| key(s.metadata.namespace.as_ref(), s.metadata.name.as_ref())).collect();
-    for (k, svc) in &old_svcs {
-        if !new_keys.contains(k) {
-            proxier.on_service_update(Some(svc), None);
+    let current: HashSet<NamespacedName> =
+        new.services.iter().map(|s| NamespacedName::of_object(&s.metadata)).collect();
+    for svc in &old.services {
+        let name = NamespacedName::of_object(&svc.metadata);
+        if !current.contains(&name) {
+            proxier.on_service_state(name, None);
         }
     }
     for svc in &new.services {
-        let k = key(svc.metadata.namespace.as_ref(), svc.metadata.name.as_ref());
-        proxier.on_service_update(old_svcs.get(&k).copied(), Some(svc));
+        proxier.on_service_state(NamespacedName::of_object(&svc.metadata), Some(svc));
     }
 
     let new_slices: HashSet<(String, String)> =

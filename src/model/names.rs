@@ -95,6 +95,11 @@ impl NamespacedName {
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         NamespacedName { namespace: namespace.into(), name: name.into() }
     }
+
+    /// The namespace and name of an API object (empty when unset, as the watches key it).
+    pub fn of_object(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+        NamespacedName::new(meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+    }
 }
 
 impl fmt::Display for NamespacedName {

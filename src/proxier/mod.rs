@@ -326,22 +326,9 @@ impl Proxier {
         &self.cfg
     }
 
-    /// Records a Service add (`previous` None), update or delete (`current` None) through the
-    /// recorder, as the watches do (the Service both name is recorded in its current state).
-    /// Returns whether a sync is wanted.
-    pub fn on_service_update(&self, previous: Option<&Service>, current: Option<&Service>) -> bool {
-        let Some(svc) = current.or(previous) else {
-            return false;
-        };
-        let name = NamespacedName::new(
-            svc.metadata.namespace.clone().unwrap_or_default(),
-            svc.metadata.name.clone().unwrap_or_default(),
-        );
-        self.changes.on_service(name, current)
-    }
-
     /// Records the current state of a Service (`current` None: deleted). Returns whether a
-    /// sync is wanted.
+    /// sync is wanted. The one way a Service change reaches the proxier: the watches, `render`,
+    /// `diff` and the tests all come through here.
     pub fn on_service_state(&self, service: NamespacedName, current: Option<&Service>) -> bool {
         self.changes.on_service(service, current)
     }

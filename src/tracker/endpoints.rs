@@ -4,7 +4,7 @@
 //! `EndpointsMap.Update`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
@@ -121,12 +121,6 @@ impl Deref for EndpointsMap {
     type Target = HashMap<ServicePortName, Vec<EndpointRef>>;
     fn deref(&self) -> &Self::Target {
         &self.0
-    }
-}
-
-impl DerefMut for EndpointsMap {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
     }
 }
 

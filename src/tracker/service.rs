@@ -9,7 +9,7 @@
 //! are kept and no caller needs the applied map.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
@@ -91,12 +91,6 @@ impl Deref for ServicePortMap {
     type Target = HashMap<ServicePortName, ServicePortRef>;
     fn deref(&self) -> &Self::Target {
         &self.0
-    }
-}
-
-impl DerefMut for ServicePortMap {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
     }
 }
 

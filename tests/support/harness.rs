@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_proxy_rs::iptables::fake::FakeIptables;
-use kube_proxy_rs::model::{Cidr, IpFamily};
+use kube_proxy_rs::model::{Cidr, IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome, SyncReport};
@@ -107,16 +107,16 @@ impl TestProxier {
 
     pub fn add_services(&mut self, services: &[Service]) {
         for s in services {
-            self.proxier.on_service_update(None, Some(s));
+            self.proxier.on_service_state(NamespacedName::of_object(&s.metadata), Some(s));
         }
     }
 
-    pub fn update_service(&mut self, old: &Service, new: &Service) {
-        self.proxier.on_service_update(Some(old), Some(new));
+    pub fn update_service(&mut self, _old: &Service, new: &Service) {
+        self.proxier.on_service_state(NamespacedName::of_object(&new.metadata), Some(new));
     }
 
     pub fn delete_service(&mut self, old: &Service) {
-        self.proxier.on_service_update(Some(old), None);
+        self.proxier.on_service_state(NamespacedName::of_object(&old.metadata), None);
     }
 
     pub fn add_slices(&mut self, slices: &[EndpointSlice]) {
