@@ -80,6 +80,8 @@ pub enum AppError {
     PodCidr(#[from] crate::k8s::pod_cidr::PodCidrError),
     #[error("{0}")]
     NodeChanged(String),
+    #[error(transparent)]
+    TaskEnded(crate::daemon::tasks::TaskEnded),
 }
 
 /// The OS hostname as upstream's `GetHostname` normalises it.
@@ -283,25 +285,29 @@ async fn daemon_main(
             let _ = restart_tx.send(why);
         }
     });
-    let watches = tokio::spawn(crate::k8s::watch::run_with_events(
-        client,
-        hostname,
-        set,
-        on_node,
-        Some(events.clone()),
-        shutdown.clone(),
-    ));
+    // Supervised: either ending before shutdown ends the daemon with an error.
+    let mut tasks = crate::daemon::tasks::Tasks::new();
+    let watches =
+        crate::k8s::watch::run_with_events(client, hostname, set, on_node, Some(events.clone()), shutdown.clone());
+    tasks.spawn("API watches", async move {
+        watches.await;
+        Ok(())
+    });
     daemon.birth_cry();
-    let loops = tokio::spawn(daemon.run_loops(shutdown.clone(), Some(service_health)));
+    let loops = daemon.run_loops(shutdown.clone(), Some(service_health));
+    tasks.spawn("sync loops", async move { loops.await.map_err(|e| e.to_string()) });
 
     let reason = tokio::select! {
         r = wait_for_stop(watcher.as_ref(), &shutdown) => r.map(AppError::ConfigChanged),
         Some(why) = restart_rx.recv() => Some(AppError::NodeChanged(why)),
+        ended = tasks.first_ended() => {
+            tracing::error!(task = %ended.task, how = %ended.how, "a supervised task ended; exiting");
+            Some(AppError::TaskEnded(ended))
+        }
     };
     shutdown.cancel();
     let stopped = async {
-        let _ = loops.await;
-        let _ = watches.await;
+        tasks.join_all().await;
         for s in servers {
             let _ = s.await;
         }

@@ -6,6 +6,8 @@
 //! recorder included) so the assembly is tested with fakes; `app` wires the real ones, the
 //! API watches and the servers.
 
+pub mod tasks;
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -209,9 +211,16 @@ impl Daemon {
     /// Runs the sync loops until `shutdown`; every sync is recorded in metrics and health,
     /// and successful ones update the service health checks (when given) from every
     /// family's last published state, so no loop ever waits for another family's sync.
-    pub async fn run_loops(self, shutdown: CancellationToken, service_health: Option<Arc<ServiceHealthServer>>) {
+    ///
+    /// Returns when every loop has stopped after `shutdown`, or with the first loop that
+    /// ended before it (the others are then stopped).
+    pub async fn run_loops(
+        self,
+        shutdown: CancellationToken,
+        service_health: Option<Arc<ServiceHealthServer>>,
+    ) -> Result<(), tasks::TaskEnded> {
         let published = Arc::new(std::sync::Mutex::new(BTreeMap::<IpFamily, ServiceHealthState>::new()));
-        let mut tasks = Vec::new();
+        let mut loops = tasks::Tasks::new();
         for f in self.families {
             let health = self.health.clone();
             let metrics = self.metrics.clone();
@@ -233,13 +242,15 @@ impl Daemon {
                     }
                 }
             };
-            tasks.push(tokio::spawn(f.sync_loop.run(shutdown.clone(), on_report)));
+            let run = f.sync_loop.run(shutdown.clone(), on_report);
+            loops.spawn(format!("sync loop ({family})"), async move { run.await.map_err(|e| e.to_string()) });
         }
-        for t in tasks {
-            if let Err(e) = t.await {
-                tracing::error!(error = %e, "sync loop task failed");
+        while let Some(ended) = loops.next_ended().await {
+            if !shutdown.is_cancelled() {
+                return Err(ended);
             }
         }
+        Ok(())
     }
 }
 

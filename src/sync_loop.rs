@@ -17,6 +17,7 @@ use tracing::Instrument as _;
 use crate::iptables::Iptables;
 use crate::iptables::monitor::{CANARY_TABLES, CanaryMonitor, Sentinel};
 use crate::iptables::{CHAIN_FORWARD, CHAIN_PREROUTING, Table};
+use crate::model::IpFamily;
 use crate::proxier::chains::{KUBE_FORWARD, KUBE_PROXY_CANARY, KUBE_SERVICES};
 use crate::proxier::{JUMP_CHAINS, Proxier, SyncOutcome, SyncReport};
 use crate::runner::{BoundedFrequencyRunner, RunnerError, RunnerHandle};
@@ -87,8 +88,19 @@ impl SyncLoop {
 
     /// Runs until `shutdown`; `on_report` sees every sync's report (metrics, health). On the
     /// way out the canaries are removed and the service rules are left in place.
-    pub async fn run(self, shutdown: CancellationToken, on_report: impl Fn(&SyncReport) + Send + Sync + 'static) {
+    ///
+    /// A sync that panics ends the loop with [`SyncPanicked`]: the proxier's state is not
+    /// trusted after it (upstream's process would have crashed), and the daemon exits so the
+    /// pod restarts with a clean one.
+    pub async fn run(
+        self,
+        shutdown: CancellationToken,
+        on_report: impl Fn(&SyncReport) + Send + Sync + 'static,
+    ) -> Result<(), SyncPanicked> {
         let SyncLoop { proxier, runner, monitor } = self;
+        // Cancelled on shutdown, or by this loop itself after a panicking sync.
+        let stop = shutdown.child_token();
+        let panicked: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
         let handle = runner.handle();
         let (recorder, family) = {
             let p = lock(&proxier);
@@ -99,7 +111,7 @@ impl SyncLoop {
         let canary_span = tracing::info_span!("canary", family = %family);
         let monitor_task = tokio::spawn(
             monitor
-                .run(shutdown.clone(), move || {
+                .run(stop.clone(), move || {
                     tracing::info!("iptables were flushed from outside; forcing a full resync");
                     recorder.resync_from_kernel();
                     handle.run();
@@ -110,9 +122,11 @@ impl SyncLoop {
         runner.handle().run();
         let on_report = Arc::new(on_report);
         runner
-            .run_loop(shutdown, || {
+            .run_loop(stop.clone(), || {
                 let proxier = proxier.clone();
                 let on_report = on_report.clone();
+                let stop = stop.clone();
+                let panicked = panicked.clone();
                 async move {
                     let outcome = tokio::task::spawn_blocking(move || {
                         let _span = tracing::info_span!("sync", family = %family).entered();
@@ -125,6 +139,13 @@ impl SyncLoop {
                             report.retry_after
                         }
                         Ok(SyncOutcome::NotInitialized) => None,
+                        Err(e) if e.is_panic() => {
+                            let message = panic_message(e.into_panic());
+                            tracing::error!(family = %family, panic = %message, "a sync panicked; stopping this family's sync loop");
+                            *panicked.lock().unwrap_or_else(PoisonError::into_inner) = Some(message);
+                            stop.cancel();
+                            None
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, "sync task failed");
                             Some(Duration::from_secs(1))
@@ -136,6 +157,30 @@ impl SyncLoop {
         if let Err(e) = monitor_task.await {
             tracing::error!(error = %e, "canary monitor task failed");
         }
+        let panicked = panicked.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match panicked {
+            Some(message) => Err(SyncPanicked { family, message }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A family's sync loop stopped because a sync panicked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a {family} sync panicked: {message}")]
+pub struct SyncPanicked {
+    pub family: IpFamily,
+    pub message: String,
+}
+
+/// The text of a panic's payload (`panic!` with a literal or a formatted message).
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => match payload.downcast::<&'static str>() {
+            Ok(s) => (*s).to_string(),
+            Err(_) => "(no message)".to_string(),
+        },
     }
 }
 

@@ -127,7 +127,11 @@ async fn dual_stack_daemon_programs_both_families_and_shuts_down_cleanly() {
     }
 
     shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), loops).await.expect("loops stop").expect("loop task");
+    tokio::time::timeout(Duration::from_secs(10), loops)
+        .await
+        .expect("loops stop")
+        .expect("loop task")
+        .expect("no loop ended before shutdown");
     for ipt in [&fakes.v4, &fakes.v6] {
         assert!(!has_chain(ipt, "KUBE-PROXY-CANARY"), "canaries removed on shutdown");
         assert!(has_chain(ipt, "KUBE-SVC-"), "service rules stay on shutdown");
@@ -140,15 +144,26 @@ struct SlowIptables {
     inner: Arc<FakeIptables>,
     delay: std::sync::Mutex<Option<(u32, Duration)>>,
     restoring: std::sync::atomic::AtomicBool,
+    panic_on_restore: std::sync::atomic::AtomicBool,
 }
 
 impl SlowIptables {
     fn new(inner: Arc<FakeIptables>) -> Self {
-        SlowIptables { inner, delay: std::sync::Mutex::new(None), restoring: Default::default() }
+        SlowIptables {
+            inner,
+            delay: std::sync::Mutex::new(None),
+            restoring: Default::default(),
+            panic_on_restore: Default::default(),
+        }
     }
 
     fn slow_down(&self, steps: u32, step: Duration) {
         *self.delay.lock().expect("lock") = Some((steps, step));
+    }
+
+    /// Every later restore panics (a bug in the sync's path).
+    fn panic_on_restore(&self) {
+        self.panic_on_restore.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn restoring(&self) -> bool {
@@ -200,6 +215,9 @@ impl Iptables for SlowIptables {
         counters: RestoreCounters,
         on_step: &mut dyn FnMut(),
     ) -> IptResult<()> {
+        if self.panic_on_restore.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected restore panic");
+        }
         let delay = *self.delay.lock().expect("lock");
         if let Some((steps, step)) = delay {
             self.restoring.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -245,6 +263,7 @@ struct SlowRig {
     metrics_addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    loops: tokio::task::JoinHandle<Result<(), kube_proxy_rs::daemon::tasks::TaskEnded>>,
 }
 
 /// A single-stack daemon on a [`SlowIptables`], its health and metrics servers listening,
@@ -272,8 +291,8 @@ async fn slow_rig(sync_period: Duration) -> SlowRig {
     let tasks = vec![
         tokio::spawn(daemon.health.clone().serve(health_listener, shutdown.clone())),
         tokio::spawn(metrics_server.serve(metrics_listener, shutdown.clone())),
-        tokio::spawn(daemon.run_loops(shutdown.clone(), None)),
     ];
+    let loops = tokio::spawn(daemon.run_loops(shutdown.clone(), None));
     let mut services = ServiceEvents::default();
     let mut slices = SliceEvents::default();
     let web = svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build();
@@ -289,7 +308,7 @@ async fn slow_rig(sync_period: Duration) -> SlowRig {
         assert!(Instant::now() < deadline, "first sync");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    SlowRig { slow, set, recorder, health_addr, metrics_addr, shutdown, tasks }
+    SlowRig { slow, set, recorder, health_addr, metrics_addr, shutdown, tasks, loops }
 }
 
 impl SlowRig {
@@ -307,9 +326,34 @@ impl SlowRig {
 
     async fn stop(self) {
         self.shutdown.cancel();
+        let loops = tokio::time::timeout(Duration::from_secs(30), self.loops).await.expect("loops stop");
+        loops.expect("loops task").expect("no loop ended before shutdown");
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
         }
+    }
+}
+
+/// A sync that panics ends its family's loop, and `run_loops` with an error naming the loop
+/// and the panic (the daemon then exits, as upstream's process would have crashed); no sync
+/// runs on a proxier whose state the panic may have left half-updated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_sync_ends_the_loops_with_an_error_naming_it() {
+    let rig = slow_rig(Duration::from_secs(30)).await;
+    rig.slow.panic_on_restore();
+    let mut services = ServiceEvents::default();
+    services.handle(Event::Apply(svc("ns1", "next").cluster_ip("172.30.0.9").tcp("http", 80).build()), &rig.set);
+    let ended = tokio::time::timeout(Duration::from_secs(10), rig.loops)
+        .await
+        .expect("the loops end without a shutdown")
+        .expect("loops task")
+        .expect_err("a panicked sync is an error");
+    assert_eq!(ended.task, "sync loop (IPv4)", "{ended}");
+    assert_eq!(ended.how, "failed: a IPv4 sync panicked: injected restore panic", "{ended}");
+    assert!(!rig.shutdown.is_cancelled(), "the loop stopped on its own");
+    rig.shutdown.cancel();
+    for t in rig.tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
     }
 }
 

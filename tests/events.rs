@@ -330,7 +330,11 @@ async fn a_busy_health_check_port_is_reported_on_its_service_and_retried() {
     assert_eq!(failed().len(), reported, "no report once the port is open");
 
     shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), loops).await.expect("loops stop").expect("loop task");
+    tokio::time::timeout(Duration::from_secs(10), loops)
+        .await
+        .expect("loops stop")
+        .expect("loop task")
+        .expect("no loop ended before shutdown");
 }
 
 async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {

@@ -376,9 +376,9 @@ async fn sync_loop_follows_the_api_through_cut_connections() {
         wait_rules(&ipt, &expected).await;
 
         shutdown.cancel();
-        for task in [loop_task, watch_task] {
-            tokio::time::timeout(Duration::from_secs(10), task).await.expect("stops on shutdown").expect("task");
-        }
+        let stopped = tokio::time::timeout(Duration::from_secs(10), loop_task).await.expect("stops on shutdown");
+        stopped.expect("task").expect("no sync panicked");
+        tokio::time::timeout(Duration::from_secs(10), watch_task).await.expect("stops on shutdown").expect("task");
     })
     .await;
 }

@@ -84,7 +84,11 @@ async fn flushed_rules_are_repaired_within_one_sync_period() {
         assert!(took <= SYNC_PERIOD + Duration::from_secs(2), "{name}: repair took {took:?}");
 
         shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(10), task).await.expect("loop stops").expect("loop task");
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("loop stops")
+            .expect("loop task")
+            .expect("no sync panicked");
         let nat = ns.ok(&[&format!("iptables-{name}-save"), "-t", "nat"]);
         assert!(!nat.contains("KUBE-PROXY-CANARY"), "{name}: canary left after shutdown");
         assert!(nat.contains("--to-destination 10.1.0.1:8080"), "{name}: service rules must stay after shutdown");
