@@ -46,6 +46,23 @@ impl Release {
         self >= Release::V1_31
     }
 
+    /// Whether stale UDP conntrack entries are found by the reconciler (list the table,
+    /// delete what no serving endpoint answers) rather than per change (1.32, PR #127318).
+    pub fn has_conntrack_reconciler(self) -> bool {
+        self >= Release::V1_32
+    }
+
+    /// Whether the conntrack reconciler compares the endpoint's port too, not only its IP
+    /// (1.34, PR #130542).
+    pub fn conntrack_reconciler_matches_endpoint_port(self) -> bool {
+        self >= Release::V1_34
+    }
+
+    /// Whether the conntrack reconciler's two metrics exist (1.33, PRs #130200, #130204).
+    pub fn has_conntrack_reconciler_metrics(self) -> bool {
+        self >= Release::V1_33
+    }
+
     /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
     pub fn accepts_primary_node_port_addresses(self) -> bool {
         self >= Release::V1_31

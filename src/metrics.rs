@@ -87,6 +87,19 @@ pub struct Metrics {
     pub proxy_healthz_total: IntCounterVec,
     /// Answers of `/livez`, by status code (`code` label).
     pub proxy_livez_total: IntCounterVec,
+    /// The conntrack reconciler's metrics, in the releases that have them (1.33 and later).
+    pub conntrack_reconciler: Option<ConntrackReconcilerMetrics>,
+}
+
+/// Upstream's `ReconcileConntrackFlowsLatency` and `ReconcileConntrackFlowsDeletedEntriesTotal`
+/// (PRs #130200, #130204, release 1.33), both labelled `ip_family` only.
+#[derive(Clone)]
+pub struct ConntrackReconcilerMetrics {
+    /// `conntrack_reconciler_sync_duration_seconds`: one observation per reconciler run that
+    /// could list the table.
+    pub sync_duration: HistogramVec,
+    /// `conntrack_reconciler_deleted_entries_total`.
+    pub deleted_entries_total: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -112,6 +125,13 @@ fn linear_buckets(start: f64, width: f64, count: usize) -> Vec<f64> {
 
 /// Buckets of `sync_*proxy_rules_duration_seconds`: 1ms doubling to ~16s.
 pub fn sync_duration_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, 2.0, 15)
+}
+
+/// Buckets of `conntrack_reconciler_sync_duration_seconds`: 1ms doubling. The first seven
+/// (0.001 … 0.064) are in upstream PR #130200's sample output; the count is not, and is taken
+/// as the sync histograms' 15 (docs/upstream-versions.md row 9).
+pub fn conntrack_reconciler_buckets() -> Vec<f64> {
     exponential_buckets(0.001, 2.0, 15)
 }
 
@@ -194,6 +214,24 @@ impl Builder {
         let g = IntGaugeVec::new(Self::opts(name, help), &self.sync_labels(&[label]))
             .map_err(|source| MetricsError::Create { name, source })?;
         self.register(name, g)
+    }
+
+    /// The conntrack reconciler's metrics (labelled `ip_family` in every release that has them).
+    fn conntrack_reconciler(&self) -> Result<ConntrackReconcilerMetrics> {
+        let name = "conntrack_reconciler_sync_duration_seconds";
+        let opts = HistogramOpts::new(name, alpha("ReconcileConntrackFlowsLatency latency in seconds"))
+            .subsystem(SUBSYSTEM)
+            .buckets(conntrack_reconciler_buckets());
+        let sync_duration =
+            HistogramVec::new(opts, &[IP_FAMILY_LABEL]).map_err(|source| MetricsError::Create { name, source })?;
+        Ok(ConntrackReconcilerMetrics {
+            sync_duration: self.register(name, sync_duration)?,
+            deleted_entries_total: self.counter_vec(
+                "conntrack_reconciler_deleted_entries_total",
+                "Cumulative conntrack flows deleted by conntrack reconciler",
+                IP_FAMILY_LABEL,
+            )?,
+        })
     }
 
     fn counter_vec(&self, name: &'static str, help: &str, label: &str) -> Result<IntCounterVec> {
@@ -341,6 +379,11 @@ impl Metrics {
                 "code",
             )?,
             proxy_livez_total: b.counter_vec("proxy_livez_total", "Cumulative proxy livez HTTP status", "code")?,
+            conntrack_reconciler: if release.has_conntrack_reconciler_metrics() {
+                Some(b.conntrack_reconciler()?)
+            } else {
+                None
+            },
             by_family: b.by_family,
             nfacct_counters: release.has_nfacct_counters(),
             registry: b.registry,
@@ -426,7 +469,8 @@ impl Metrics {
     /// Records one sync of `family` the way upstream's `syncProxyRules` does: latency always
     /// (full or partial), rule counts whenever rules were rendered, restore failures on
     /// failure, and on success the network programming latency of the applied EndpointSlice
-    /// changes, the no-local-endpoint counts and the last-sync timestamp. The change trackers
+    /// changes, the no-local-endpoint counts, the last-sync timestamp and (1.33+) the
+    /// conntrack reconciler's run, if there was one. The change trackers
     /// were drained, so both pending gauges drop to zero.
     ///
     /// `elapsed` is how long the sync took; `now` is the wall-clock time it finished.
@@ -468,6 +512,11 @@ impl Metrics {
                     .with_label_values(&self.sync_values(family, &["external"]))
                     .set(gauge_value(report.stats.no_local_endpoints_external));
                 self.sync_proxy_rules_last_timestamp.with_label_values(&fam).set(now_secs);
+                if let (Some(m), Some(run)) = (&self.conntrack_reconciler, &report.conntrack_reconcile) {
+                    let labels = [family.api_name()];
+                    m.sync_duration.with_label_values(&labels).observe(run.elapsed.as_secs_f64());
+                    m.deleted_entries_total.with_label_values(&labels).inc_by(run.deleted);
+                }
             }
             Err(err) => {
                 if matches!(err, SyncError::Restore { .. }) {
@@ -507,7 +556,7 @@ mod tests {
     use super::*;
     use crate::iptables::IptablesError;
     use crate::model::NamespacedName;
-    use crate::proxier::RenderStats;
+    use crate::proxier::{ConntrackReconcile, RenderStats};
     use crate::tracker::{EndpointsUpdateResult, ServiceUpdateResult};
 
     #[test]
@@ -551,6 +600,23 @@ mod tests {
         old.register_nfacct(&nfacct).unwrap();
         assert!(!old.encode_text().unwrap().contains("iptables_ct_state"));
     }
+
+    /// The conntrack reconciler's metrics, added in 1.33 (docs/upstream-versions.md row 9;
+    /// names, type, label and help from the metrics reference page and PRs #130200, #130204).
+    const RECONCILER_FROM_1_33: &[(&str, MetricType, &[&str], &str)] = &[
+        (
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            MetricType::HISTOGRAM,
+            &["ip_family"],
+            "ReconcileConntrackFlowsLatency latency in seconds",
+        ),
+        (
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+            MetricType::COUNTER,
+            &["ip_family"],
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+        ),
+    ];
 
     /// Upstream 1.29 `pkg/proxy/metrics`: name, type, label names, help (without the
     /// `[ALPHA] ` prefix component-base adds). Later releases: see [`upstream_labels`].
@@ -669,6 +735,7 @@ mod tests {
             elapsed: Duration::ZERO,
             retry_after: None,
             service_health: None,
+            conntrack_reconcile: None,
         }
     }
 
@@ -739,6 +806,7 @@ mod tests {
         let mut ok = report(true, Ok(()));
         let trigger = Timestamp::new(990, 500_000_000).unwrap();
         ok.endpoints_update.last_change_trigger_times.insert(NamespacedName::new("ns", "svc"), vec![trigger]);
+        ok.conntrack_reconcile = Some(ConntrackReconcile { elapsed: Duration::from_millis(3), deleted: 4 });
         m.record_sync(family, &ok, Duration::from_millis(20), at(1_000));
         m.record_sync(family, &report(false, Err(restore_error())), Duration::from_millis(5), at(2_000));
         m.healthz_answered(200);
@@ -752,7 +820,9 @@ mod tests {
             let m = Metrics::new(release).unwrap();
             exercise(&m, IpFamily::V4);
             let fams = families(&m);
-            let expected: BTreeMap<&str, _> = UPSTREAM.iter().map(|(n, t, l, h)| (*n, (*t, *l, *h))).collect();
+            let added: &[_] = if release >= Release::V1_33 { RECONCILER_FROM_1_33 } else { &[] };
+            let expected: BTreeMap<&str, _> =
+                UPSTREAM.iter().chain(added).map(|(n, t, l, h)| (*n, (*t, *l, *h))).collect();
             let got: Vec<&str> = fams.keys().map(String::as_str).collect();
             assert_eq!(
                 got,
@@ -824,6 +894,11 @@ mod tests {
             "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0",
             r#"kubeproxy_proxy_healthz_total{code="200"} 1"#,
             r#"kubeproxy_proxy_livez_total{code="503"} 1"#,
+            r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family="IPv4",le="0.002"} 0"#,
+            r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family="IPv4",le="0.004"} 1"#,
+            r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family="IPv4",le="16.384"} 1"#,
+            r#"kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"} 1"#,
+            r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 4"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }

@@ -1,14 +1,18 @@
 //! Stale conntrack cleanup against the real kernel, in a private network namespace (root
 //! only): UDP entries are inserted by hand with `conntrack -I` (DNATed ones with `--dst-nat`,
 //! so the kernel marks them as DNAT like a real KUBE-SEP rule would), the service and endpoint
-//! changes go through the real trackers, and `clean_stale_entries` runs the `conntrack` tool
-//! inside the namespace. Afterwards `conntrack -L` must show exactly the entries that do not
-//! involve the removed endpoint, the newly active service or the deleted service.
+//! changes go through the real trackers, and `clean_stale_entries` (1.29) or `reconcile`
+//! (1.32+) runs the `conntrack` tool inside the namespace. Afterwards `conntrack -L` must show
+//! exactly the entries that are not stale.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use kube_proxy_rs::conntrack::{CleanupSummary, ExecConntrack, clean_stale_entries};
+use kube_proxy_rs::compat::{Features, Release};
+use kube_proxy_rs::conntrack::{
+    CleanupSummary, Conntrack, ConntrackEntry, EndpointMatch, ExecConntrack, ReconcileSummary, clean_stale_entries,
+    reconcile,
+};
 use kube_proxy_rs::exec::RealExec;
 use kube_proxy_rs::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
 use kube_proxy_rs::tracker::{
@@ -72,13 +76,17 @@ const FLOWS: &[Flow] = &[
 ];
 
 fn insert(ns: &Netns, flow: &Flow) {
+    insert_proto(ns, flow, "udp");
+}
+
+fn insert_proto(ns: &Netns, flow: &Flow, protocol: &str) {
     let (reply_src, reply_sport) = flow.dnat.unwrap_or((flow.dst, flow.dport));
     let (cport, dport, rsport) = (flow.client_port.to_string(), flow.dport.to_string(), reply_sport.to_string());
     let mut argv = vec![
         "conntrack",
         "-I",
         "-p",
-        "udp",
+        protocol,
         "-s",
         CLIENT,
         "-d",
@@ -98,6 +106,9 @@ fn insert(ns: &Netns, flow: &Flow) {
         "--timeout",
         "600",
     ];
+    if protocol == "tcp" {
+        argv.extend(["--state", "ESTABLISHED"]);
+    }
     if let Some((endpoint, _)) = flow.dnat {
         argv.extend(["--dst-nat", endpoint]);
     }
@@ -191,4 +202,155 @@ fn stale_udp_entries_are_deleted_and_live_ones_kept() {
     let again = clean_stale_entries(&ct, IpFamily::V4, &service_map, &svc_result, &ep_result);
     assert_eq!(again, CleanupSummary { requests: summary.requests, failures: 0 });
     assert_eq!(remaining_flows(&ns), kept);
+}
+
+// ---- The reconciler (1.32+) -----------------------------------------------------------------
+
+const QUIET_CLUSTER_IP: &str = "198.18.100.40";
+const OLD_EP_PORT: u16 = 5300;
+
+/// Flows for the reconciler: `stale` is what 1.34+ deletes (endpoint IP and port compared);
+/// `stale_by_ip` what 1.32/1.33 delete (endpoint IP only).
+struct ReconcileFlow {
+    flow: Flow,
+    stale_by_ip: bool,
+}
+
+const fn rflow(
+    client_port: u16,
+    dst: &'static str,
+    dport: u16,
+    dnat: Option<(&'static str, u16)>,
+    stale: bool,
+    stale_by_ip: bool,
+) -> ReconcileFlow {
+    ReconcileFlow { flow: Flow { client_port, dst, dport, dnat, stale }, stale_by_ip }
+}
+
+const RECONCILE_FLOWS: &[ReconcileFlow] = &[
+    // Answered by the endpoint that went away, through every frontend of dns.
+    rflow(41001, DNS_CLUSTER_IP, 53, Some((REMOVED_EP, EP_PORT)), true, true),
+    rflow(41002, DNS_EXTERNAL_IP, 53, Some((REMOVED_EP, EP_PORT)), true, true),
+    rflow(41003, DNS_LB_IP, 53, Some((REMOVED_EP, EP_PORT)), true, true),
+    rflow(41004, NODE_IP, DNS_NODE_PORT, Some((REMOVED_EP, EP_PORT)), true, true),
+    // Never DNATed (a packet that met the REJECT): answered by the cluster IP itself.
+    rflow(41005, DNS_CLUSTER_IP, 53, None, true, true),
+    // The kept endpoint, but from its old target port: stale only when ports count (1.34+).
+    rflow(41006, DNS_CLUSTER_IP, 53, Some((KEPT_EP, OLD_EP_PORT)), true, false),
+    // Answered by the serving endpoint: kept.
+    rflow(41011, DNS_CLUSTER_IP, 53, Some((KEPT_EP, EP_PORT)), false, false),
+    rflow(41012, DNS_LB_IP, 53, Some((KEPT_EP, EP_PORT)), false, false),
+    rflow(41013, NODE_IP, DNS_NODE_PORT, Some((KEPT_EP, EP_PORT)), false, false),
+    // Another port of the cluster IP is not a frontend of dns:53.
+    rflow(41021, DNS_CLUSTER_IP, 54, Some((REMOVED_EP, EP_PORT)), false, false),
+    // A service without serving endpoints is left alone.
+    rflow(41022, QUIET_CLUSTER_IP, 53, Some((REMOVED_EP, EP_PORT)), false, false),
+    // Not a service address.
+    rflow(41023, UNRELATED_IP, 53, Some((REMOVED_EP, EP_PORT)), false, false),
+];
+
+/// A TCP flow to dns's cluster IP answered by the removed endpoint: never touched.
+const TCP_FLOW: Flow =
+    Flow { client_port: 41031, dst: DNS_CLUSTER_IP, dport: 53, dnat: Some((REMOVED_EP, EP_PORT)), stale: false };
+
+/// Client ports of every entry (any protocol) in the namespace's table.
+fn remaining_all(ns: &Netns) -> BTreeSet<u16> {
+    let out = ns.run(&["conntrack", "-L"]);
+    assert!(out.success(), "conntrack -L: {}", out.combined());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().find_map(|field| field.strip_prefix("sport="))?.parse().ok())
+        .collect()
+}
+
+/// The maps after dns lost REMOVED_EP (KEPT_EP serving on EP_PORT) and quiet has only a
+/// terminating, not serving endpoint.
+fn reconcile_maps(release: Release) -> (ServicePortMap, EndpointsMap) {
+    let dns = svc("ns1", "dns")
+        .type_("LoadBalancer")
+        .cluster_ip(DNS_CLUSTER_IP)
+        .external_ips(&[DNS_EXTERNAL_IP])
+        .port("dns", "UDP", 53, i32::from(DNS_NODE_PORT))
+        .lb_ingress(&[DNS_LB_IP])
+        .build();
+    let quiet = svc("ns1", "quiet").cluster_ip(QUIET_CLUSTER_IP).udp("dns", 53).build();
+    let dns_slice = slice("ns1", "dns", "dns-1").udp("dns", i32::from(EP_PORT)).endpoint(ep(KEPT_EP)).build();
+    let quiet_slice =
+        slice("ns1", "quiet", "quiet-1").udp("dns", i32::from(EP_PORT)).endpoint(ep(REMOVED_EP).not_ready()).build();
+    let mut services = ServiceChangeTracker::new(IpFamily::V4, Features::of(release));
+    let mut endpoints = EndpointChangeTracker::new("node-1", IpFamily::V4);
+    services.update(None, Some(&dns));
+    services.update(None, Some(&quiet));
+    endpoints.endpoint_slice_update(&dns_slice, false);
+    endpoints.endpoint_slice_update(&quiet_slice, false);
+    let mut service_map = ServicePortMap::new();
+    let mut endpoints_map = EndpointsMap::new();
+    service_map.update(&mut services);
+    let result = endpoints_map.update(&mut endpoints);
+    assert!(result.conntrack_cleanup_required, "UDP endpoint changes require the reconciler");
+    (service_map, endpoints_map)
+}
+
+fn reconcile_in_netns(release: Release, stale: impl Fn(&ReconcileFlow) -> bool) {
+    let ns = Netns::create("ctrec");
+    for f in RECONCILE_FLOWS {
+        insert(&ns, &f.flow);
+    }
+    insert_proto(&ns, &TCP_FLOW, "tcp");
+    let all: BTreeSet<u16> = RECONCILE_FLOWS.iter().map(|f| f.flow.client_port).chain([TCP_FLOW.client_port]).collect();
+    assert_eq!(remaining_all(&ns), all, "inserted entries");
+
+    let ct = ExecConntrack::new(Arc::new(RealExec)).in_netns(ns.name.clone());
+    // The lister reads back exactly what was inserted (the parser against the real tool).
+    let listed = ct.list_entries(IpFamily::V4, Protocol::Udp).expect("conntrack -L");
+    let first = listed.iter().find(|e| e.orig_sport == 41004).expect("listed 41004");
+    let want = ConntrackEntry {
+        protocol: Protocol::Udp,
+        orig_src: CLIENT.parse().unwrap(),
+        orig_dst: NODE_IP.parse().unwrap(),
+        orig_sport: 41004,
+        orig_dport: DNS_NODE_PORT,
+        reply_src: REMOVED_EP.parse().unwrap(),
+        reply_dst: CLIENT.parse().unwrap(),
+        reply_sport: EP_PORT,
+        reply_dport: 41004,
+    };
+    assert_eq!(*first, want);
+    assert_eq!(listed.len(), RECONCILE_FLOWS.len(), "only the UDP entries: {listed:?}");
+    assert!(ct.list_entries(IpFamily::V6, Protocol::Udp).expect("conntrack -L -f ipv6").is_empty());
+
+    let (services, endpoints) = reconcile_maps(release);
+    let matching = EndpointMatch::for_release(release);
+    let summary = reconcile(&ct, matching, IpFamily::V4, &services, &endpoints);
+    let stale_count = RECONCILE_FLOWS.iter().filter(|f| stale(f)).count() as u64;
+    assert_eq!(summary.failures, 0, "{summary:?}");
+    assert_eq!(summary.deleted, stale_count, "{release}: {summary:?}");
+    let kept: BTreeSet<u16> = RECONCILE_FLOWS
+        .iter()
+        .filter(|f| !stale(f))
+        .map(|f| f.flow.client_port)
+        .chain([TCP_FLOW.client_port])
+        .collect();
+    assert_eq!(remaining_all(&ns), kept, "{release}: entries left after the reconciler");
+
+    // Again: nothing is stale any more.
+    let again = reconcile(&ct, matching, IpFamily::V4, &services, &endpoints);
+    assert_eq!(
+        again,
+        ReconcileSummary { listed: true, entries: kept.len() - 1, filters: 0, deleted: 0, failures: 0 },
+        "{release}"
+    );
+    assert_eq!(remaining_all(&ns), kept);
+}
+
+#[test]
+fn reconciler_deletes_only_entries_no_serving_endpoint_answers() {
+    require_root!();
+    reconcile_in_netns(Release::V1_35, |f| f.flow.stale);
+}
+
+#[test]
+fn reconciler_of_1_33_compares_endpoint_ips_only() {
+    require_root!();
+    reconcile_in_netns(Release::V1_33, |f| f.stale_by_ip);
 }

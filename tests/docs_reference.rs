@@ -258,6 +258,11 @@ fn exercised_metrics(release: Release) -> Metrics {
         retry_after: None,
         elapsed: Duration::from_millis(2),
         service_health: None,
+        // A conntrack reconciler run, so its metrics (1.33+) have a series.
+        conntrack_reconcile: Some(kube_proxy_rs::proxier::ConntrackReconcile {
+            elapsed: Duration::from_millis(1),
+            deleted: 1,
+        }),
     };
     m.record_sync(IpFamily::V4, &sync, sync.elapsed, UNIX_EPOCH + Duration::from_secs(2));
     // A failed partial sync, so the partial-failure counter has a series in every release.

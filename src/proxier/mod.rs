@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::conntrack::{Conntrack, clean_stale_entries};
+use crate::conntrack::{Conntrack, EndpointMatch, clean_stale_entries, reconcile};
 use crate::iptables::{self, FlushFlag, Iptables, RestoreCounters, RulePosition, Table};
 use crate::model::NamespacedName;
 use crate::nfacct::{Nfacct, NfacctCounters};
@@ -213,6 +213,15 @@ pub struct SyncReport {
     pub elapsed: Duration,
     /// What the service health-check servers need after this sync (set when it succeeded).
     pub service_health: Option<ServiceHealthState>,
+    /// The conntrack reconciler's run after this sync (1.32+), when it listed the table.
+    pub conntrack_reconcile: Option<ConntrackReconcile>,
+}
+
+/// One run of the conntrack reconciler, for its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConntrackReconcile {
+    pub elapsed: Duration,
+    pub deleted: u64,
 }
 
 /// The health-check node ports and local ready endpoint counts of one family, as of the last
@@ -250,7 +259,8 @@ pub struct Proxier {
     /// flushed from outside), then kept up to date from what each restore wrote and deleted.
     kernel_chains: Option<NatChains>,
     last_cleanup: Option<Instant>,
-    /// Clears stale UDP/SCTP conntrack entries after successful syncs; `None` in `render`.
+    /// Clears stale UDP (1.29: and SCTP) conntrack entries after successful syncs; `None` in
+    /// `render`.
     conntrack: Option<Arc<dyn Conntrack>>,
     /// Told after each step of a restore that succeeded (liveness).
     progress: Option<SyncProgress>,
@@ -302,8 +312,9 @@ impl Proxier {
         self.changes.clone()
     }
 
-    /// Clears stale conntrack entries through `conntrack` after every successful sync, as
-    /// upstream does at the end of `syncProxyRules`.
+    /// Clears stale conntrack entries through `conntrack` after successful syncs, as upstream
+    /// does at the end of `syncProxyRules`: per change up to 1.31, with the reconciler from
+    /// 1.32 (only after syncs in which a UDP Service's endpoints changed).
     pub fn with_conntrack(mut self, conntrack: Arc<dyn Conntrack>) -> Self {
         self.conntrack = Some(conntrack);
         self
@@ -406,6 +417,7 @@ impl Proxier {
             retry_after: None,
             elapsed: Duration::ZERO,
             service_health: None,
+            conntrack_reconcile: None,
         };
 
         if !try_partial {
@@ -516,13 +528,19 @@ impl Proxier {
                     local_endpoints: self.endpoints.local_ready_endpoints(),
                 });
                 if let Some(ct) = &self.conntrack {
-                    clean_stale_entries(
-                        ct.as_ref(),
-                        self.cfg.render.family,
-                        &self.services,
-                        &report.service_update,
-                        &report.endpoints_update,
-                    );
+                    let release = self.cfg.render.features.release;
+                    let family = self.cfg.render.family;
+                    if !release.has_conntrack_reconciler() {
+                        let (services, endpoints) = (&report.service_update, &report.endpoints_update);
+                        clean_stale_entries(ct.as_ref(), family, &self.services, services, endpoints);
+                    } else if report.endpoints_update.conntrack_cleanup_required {
+                        let reconciling = Instant::now();
+                        let matching = EndpointMatch::for_release(release);
+                        let summary = reconcile(ct.as_ref(), matching, family, &self.services, &self.endpoints);
+                        report.conntrack_reconcile = summary
+                            .listed
+                            .then(|| ConntrackReconcile { elapsed: reconciling.elapsed(), deleted: summary.deleted });
+                    }
                 }
                 report.elapsed = started.elapsed();
                 // Upstream logs "SyncProxyRules complete" at -v 2 (debug here).

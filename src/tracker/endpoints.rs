@@ -45,6 +45,9 @@ pub struct EndpointsUpdateResult {
     /// UDP service ports that went from no ready endpoint to some; conntrack entries that
     /// black-holed them must be deleted. Sorted.
     pub newly_active_udp_services: Vec<ServicePortName>,
+    /// Some changed Service had or has a UDP port (upstream `ConntrackCleanupRequired`): the
+    /// conntrack reconciler of 1.32+ runs after the sync.
+    pub conntrack_cleanup_required: bool,
     /// Trigger times of the applied changes, per Service, for the network programming
     /// latency metric.
     pub last_change_trigger_times: HashMap<NamespacedName, Vec<Timestamp>>,
@@ -71,6 +74,8 @@ impl EndpointsMap {
                 self.0.insert(name.clone(), endpoints.clone());
             }
             detect_stale_conntrack_entries(&change.previous, &change.current, &mut result);
+            result.conntrack_cleanup_required |=
+                change.previous.keys().chain(change.current.keys()).any(|name| name.protocol == Protocol::Udp);
             result.updated_services.insert(service);
         }
         result.deleted_udp_endpoints.sort();

@@ -22,6 +22,13 @@
 //!
 //! Failures are logged and counted, never propagated: a stale entry costs one client its
 //! traffic until the entry times out, a failed sync would cost everyone.
+//!
+//! Releases 1.32 and later replace all of this with the reconciler in [`reconciler`], which
+//! lists the table ([`Conntrack::list_entries`]) and deletes what points a service at a
+//! backend that no longer serves it ([`Conntrack::delete_flows`]); the proxier picks the
+//! strategy by release.
+
+pub mod reconciler;
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
@@ -32,6 +39,8 @@ use crate::exec::{Command, Exec, ExecError};
 use crate::model::ip::{format_ip, parse_ip_sloppy};
 use crate::model::{IpFamily, Protocol};
 use crate::tracker::{EndpointsUpdateResult, ServicePortMap, ServiceUpdateResult};
+
+pub use reconciler::{ConntrackEntry, EndpointMatch, FlowFilter, ReconcileSummary, reconcile};
 
 /// The conntrack tool (looked up in `PATH`, as upstream's `LookPath("conntrack")`).
 pub const CONNTRACK_PROGRAM: &str = "conntrack";
@@ -57,6 +66,20 @@ pub enum ConntrackError {
     /// Only from [`FakeConntrack`]: a failure a test asked for.
     #[error("failed to delete {request}: {reason}")]
     Injected { request: Box<ClearRequest>, reason: String },
+    #[error("failed to list {family} {protocol} conntrack entries: failed to run `{command}`: {source}")]
+    ListExec { family: IpFamily, protocol: Protocol, command: String, source: ExecError },
+    #[error("failed to list {family} {protocol} conntrack entries: `{command}` exited with {status}: {output}")]
+    ListFailed { family: IpFamily, protocol: Protocol, command: String, status: String, output: String },
+    /// Only from [`FakeConntrack`].
+    #[error("failed to list {family} {protocol} conntrack entries: injected failure")]
+    ListInjected { family: IpFamily, protocol: Protocol },
+    #[error("failed to delete {filter}: failed to run `{command}`: {source}")]
+    FlowsExec { filter: Box<FlowFilter>, command: String, source: ExecError },
+    #[error("failed to delete {filter}: `{command}` exited with {status}: {output}")]
+    FlowsFailed { filter: Box<FlowFilter>, command: String, status: String, output: String },
+    /// Only from [`FakeConntrack`].
+    #[error("failed to delete {filter}: injected failure")]
+    FlowsInjected { filter: Box<FlowFilter> },
 }
 
 pub type Result<T, E = ConntrackError> = std::result::Result<T, E>;
@@ -163,10 +186,16 @@ impl fmt::Display for ClearRequest {
     }
 }
 
-/// Deletes conntrack entries. Implementations treat "nothing matched" as success.
+/// Lists and deletes conntrack entries. Implementations treat "nothing matched" as success.
 pub trait Conntrack: Send + Sync {
-    /// Deletes the entries `request` selects.
+    /// Deletes the entries `request` selects (1.29's per-change cleanup).
     fn clear(&self, request: &ClearRequest) -> Result<()>;
+
+    /// The `family` entries of `protocol` in the table (the reconciler of 1.32+).
+    fn list_entries(&self, family: IpFamily, protocol: Protocol) -> Result<Vec<ConntrackEntry>>;
+
+    /// Deletes the entries `filter` matches; how many there were.
+    fn delete_flows(&self, filter: &FlowFilter) -> Result<u64>;
 
     /// Entries whose original destination is `ip` (upstream `ClearEntriesForIP`).
     fn clear_entries_for_ip(&self, ip: &str, protocol: Protocol) -> Result<()> {
@@ -192,6 +221,25 @@ pub trait Conntrack: Send + Sync {
 impl<T: Conntrack + ?Sized> Conntrack for Arc<T> {
     fn clear(&self, request: &ClearRequest) -> Result<()> {
         (**self).clear(request)
+    }
+
+    fn list_entries(&self, family: IpFamily, protocol: Protocol) -> Result<Vec<ConntrackEntry>> {
+        (**self).list_entries(family, protocol)
+    }
+
+    fn delete_flows(&self, filter: &FlowFilter) -> Result<u64> {
+        (**self).delete_flows(filter)
+    }
+}
+
+/// What conntrack-tools prints when a listing found nothing (not an error).
+pub const NO_CONNECTION_TO_LIST: &str = "0 flow entries have been shown";
+
+/// How a finished `conntrack` run ended, for error messages.
+fn exit_status(output: &crate::exec::Output) -> String {
+    match output.status {
+        Some(code) => format!("exit status {code}"),
+        None => "a signal".to_owned(),
     }
 }
 
@@ -260,23 +308,73 @@ impl Conntrack for ExecConntrack {
             tracing::debug!(command = %cmd, "no conntrack entries to delete");
             return Ok(());
         }
-        let status = match output.status {
-            Some(code) => format!("exit status {code}"),
-            None => "a signal".to_owned(),
-        };
         Err(ConntrackError::Failed {
             request: Box::new(request.clone()),
             command: cmd.to_string(),
-            status,
+            status: exit_status(&output),
             output: text.to_owned(),
+        })
+    }
+
+    fn list_entries(&self, family: IpFamily, protocol: Protocol) -> Result<Vec<ConntrackEntry>> {
+        let mut args = vec!["-L".to_owned(), "-p".to_owned(), protocol.lower().to_owned()];
+        if family == IpFamily::V6 {
+            args.extend(["-f".to_owned(), "ipv6".to_owned()]);
+        }
+        let cmd = self.command(args);
+        tracing::debug!(command = %cmd, "listing conntrack entries");
+        let output = self.exec.run(&cmd).map_err(|source| ConntrackError::ListExec {
+            family,
+            protocol,
+            command: cmd.to_string(),
+            source,
+        })?;
+        // The entries are on stdout, the "N flow entries have been shown" summary on stderr.
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if output.success() || output.combined().contains(NO_CONNECTION_TO_LIST) {
+            return Ok(reconciler::parse_entries(&stdout));
+        }
+        Err(ConntrackError::ListFailed {
+            family,
+            protocol,
+            command: cmd.to_string(),
+            status: exit_status(&output),
+            output: output.combined().trim().to_owned(),
+        })
+    }
+
+    fn delete_flows(&self, filter: &FlowFilter) -> Result<u64> {
+        let cmd = self.command(filter.args());
+        tracing::debug!(command = %cmd, "deleting stale conntrack entries");
+        let output = self.exec.run(&cmd).map_err(|source| ConntrackError::FlowsExec {
+            filter: Box::new(filter.clone()),
+            command: cmd.to_string(),
+            source,
+        })?;
+        let text = output.combined();
+        // conntrack exits 1 when nothing matched ("0 flow entries have been deleted").
+        if output.success() || text.contains(NO_CONNECTION_TO_DELETE) {
+            // The summary is always printed; without it, one run deleted at least one entry.
+            let deleted = reconciler::deleted_count(&text).unwrap_or(u64::from(output.success()));
+            tracing::debug!(command = %cmd, deleted, "stale conntrack entries deleted");
+            return Ok(deleted);
+        }
+        Err(ConntrackError::FlowsFailed {
+            filter: Box::new(filter.clone()),
+            command: cmd.to_string(),
+            status: exit_status(&output),
+            output: text.trim().to_owned(),
         })
     }
 }
 
-/// A [`Conntrack`] that records every request (valid or not) and deletes nothing.
+/// A [`Conntrack`] that records every request (valid or not) and holds a table of entries
+/// for the reconciler: [`FakeConntrack::set_entries`] fills it, `list_entries` reads it,
+/// `delete_flows` removes what the filter matches. `clear` (1.29) only records.
 ///
 /// Requests are validated like [`ExecConntrack`] validates them, and the ones registered with
-/// [`FakeConntrack::fail_on`] fail, so tests can check that one failure does not stop the rest.
+/// [`FakeConntrack::fail_on`] / [`FakeConntrack::fail_flows`] fail, so tests can check that
+/// one failure does not stop the rest.
 #[derive(Debug, Default)]
 pub struct FakeConntrack {
     inner: Mutex<FakeState>,
@@ -286,6 +384,11 @@ pub struct FakeConntrack {
 struct FakeState {
     calls: Vec<ClearRequest>,
     failing: HashSet<ClearRequest>,
+    entries: Vec<ConntrackEntry>,
+    listings: Vec<(IpFamily, Protocol)>,
+    list_fails: bool,
+    flow_deletions: Vec<FlowFilter>,
+    failing_flows: HashSet<FlowFilter>,
 }
 
 impl FakeConntrack {
@@ -322,6 +425,39 @@ impl FakeConntrack {
 
     pub fn clear_calls(&self) {
         self.lock().calls.clear();
+    }
+
+    /// Replaces the table the reconciler lists and deletes from.
+    pub fn set_entries(&self, entries: Vec<ConntrackEntry>) -> &Self {
+        self.lock().entries = entries;
+        self
+    }
+
+    /// The table now, in insertion order.
+    pub fn entries(&self) -> Vec<ConntrackEntry> {
+        self.lock().entries.clone()
+    }
+
+    /// Makes every later listing fail (or succeed again).
+    pub fn fail_listing(&self, fail: bool) -> &Self {
+        self.lock().list_fails = fail;
+        self
+    }
+
+    /// Makes every later deletion with `filter` fail.
+    pub fn fail_flows(&self, filter: FlowFilter) -> &Self {
+        self.lock().failing_flows.insert(filter);
+        self
+    }
+
+    /// Every listing so far, oldest first.
+    pub fn listings(&self) -> Vec<(IpFamily, Protocol)> {
+        self.lock().listings.clone()
+    }
+
+    /// Every `delete_flows` filter so far, oldest first.
+    pub fn flow_deletions(&self) -> Vec<FlowFilter> {
+        self.lock().flow_deletions.clone()
     }
 
     /// IPs cleared with [`ClearRequest::Ip`] (upstream fake's `ClearedIPs`).
@@ -385,6 +521,31 @@ impl Conntrack for FakeConntrack {
             });
         }
         Ok(())
+    }
+
+    fn list_entries(&self, family: IpFamily, protocol: Protocol) -> Result<Vec<ConntrackEntry>> {
+        let mut state = self.lock();
+        state.listings.push((family, protocol));
+        if state.list_fails {
+            return Err(ConntrackError::ListInjected { family, protocol });
+        }
+        Ok(state
+            .entries
+            .iter()
+            .filter(|e| e.protocol == protocol && IpFamily::of(&e.orig_dst) == family)
+            .copied()
+            .collect())
+    }
+
+    fn delete_flows(&self, filter: &FlowFilter) -> Result<u64> {
+        let mut state = self.lock();
+        state.flow_deletions.push(filter.clone());
+        if state.failing_flows.contains(filter) {
+            return Err(ConntrackError::FlowsInjected { filter: Box::new(filter.clone()) });
+        }
+        let before = state.entries.len();
+        state.entries.retain(|e| !filter.matches(e));
+        Ok((before - state.entries.len()) as u64)
     }
 }
 
