@@ -101,8 +101,7 @@ async fn assert_restricted(daemon: &DaemonProcess, caps: &[String]) {
     let options = |target: &str| {
         mountinfo
             .lines()
-            .filter(|l| l.split_whitespace().nth(4) == Some(target))
-            .last()
+            .rfind(|l| l.split_whitespace().nth(4) == Some(target))
             .and_then(|l| l.split_whitespace().nth(5).map(str::to_string))
             .unwrap_or_else(|| panic!("{target} not mounted:\n{mountinfo}"))
     };
