@@ -206,7 +206,7 @@ async fn daemon_works_with_exactly_the_manifest_capabilities() {
 /// (a) on an iptables-legacy node (a kubelet canary chain in the legacy mangle table decides
 /// the backend): NET_RAW is what lets the daemon see that chain and program legacy tables.
 /// Also: without the init container the daemon cannot set route_localnet and exits saying
-/// where kernel settings are made.
+/// where kernel settings are made, and `--init-only` run unprivileged fails the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_backend_works_with_exactly_the_manifest_capabilities() {
     require_root!();
@@ -228,6 +228,18 @@ async fn legacy_backend_works_with_exactly_the_manifest_capabilities() {
         text.contains("failed to set sysctl net/ipv4/conf/all/route_localnet to 1: Read-only file system")
             && text.contains("privileged init container"),
         "{text}"
+    );
+
+    // --init-only itself unprivileged: it exits 1, saying why.
+    let mut init_args = vec!["--init-only".to_string()];
+    init_args.extend(args.iter().cloned());
+    let out = restricted(&node_ns, &caps, &init_args).output().expect("run --init-only");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--init-only cannot work unprivileged: {stderr}");
+    assert!(
+        stderr.contains("--init-only: failed to apply conntrack settings: failed to set sysctl net/netfilter/")
+            && stderr.contains("not permitted in this container"),
+        "{stderr}"
     );
 
     let mut init = vec![BIN, "--init-only"];
