@@ -82,6 +82,10 @@ pub enum AppError {
     NodeChanged(String),
     #[error(transparent)]
     TaskEnded(crate::daemon::tasks::TaskEnded),
+    #[error(transparent)]
+    Capabilities(#[from] crate::capabilities::CapabilityError),
+    #[error("--init-only: failed to apply conntrack settings: {0}")]
+    InitConntrack(crate::sysctl::SysctlError),
 }
 
 /// The OS hostname as upstream's `GetHostname` normalises it.
@@ -106,6 +110,11 @@ pub fn run_daemon(
 ) -> Result<(), AppError> {
     let settings = crate::config::Settings::from_config(cfg)
         .map_err(|errs| AppError::Config(errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
+    // Before any iptables command, so too few capabilities fail here, naming the missing one.
+    // `--init-only` runs privileged (it writes /proc/sys); its failures name the sysctl.
+    if !init_only {
+        crate::capabilities::check_this_process()?;
+    }
     // Before any thread or socket exists, as Go's runtime does it for upstream.
     crate::fd_limit::raise_open_file_limit(&crate::fd_limit::ProcessOpenFileLimit);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(AppError::Runtime)?;
@@ -223,6 +232,8 @@ async fn daemon_main(
         crate::sysctl::detect_num_cpu(),
     ) {
         Ok(outcome) => crate::daemon::report_conntrack_outcome(&outcome, &hostname, events.as_ref()),
+        // Setting these is what the init container is for; the daemon carries on as before.
+        Err(e) if init_only => return Err(AppError::InitConntrack(e)),
         Err(e) => tracing::error!(error = %e, "failed to apply conntrack settings"),
     }
     let deps = DaemonDeps {

@@ -17,6 +17,7 @@
 //! ([`config`]) the way upstream does, and [`config_watch`] notices when that file changes.
 
 pub mod app;
+pub mod capabilities;
 pub mod cleanup;
 pub mod cli;
 pub mod cmd;

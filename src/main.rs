@@ -109,6 +109,10 @@ fn daemon(args: &DaemonArgs) -> ExitCode {
         return write_config(&cfg, path);
     }
     if args.cleanup {
+        if let Err(e) = kube_proxy_rs::capabilities::check_this_process() {
+            eprintln!("kube-proxy-rs: {e}");
+            return ExitCode::from(1);
+        }
         return if kube_proxy_rs::app::cleanup() { ExitCode::SUCCESS } else { ExitCode::from(1) };
     }
     match kube_proxy_rs::app::run_daemon(&cfg, args.config.as_deref(), args.master.as_deref(), args.init_only) {

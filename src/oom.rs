@@ -1,6 +1,6 @@
 //! The process's OOM-killer score adjustment (`oomScoreAdj`, default -999) so the kernel kills
 //! workloads before the node's proxy. Upstream writes `/proc/<pid>/oom_score_adj` at start-up
-//! and only logs (verbosity 2) when it cannot, e.g. in an unprivileged container.
+//! and only logs when it cannot, e.g. in an unprivileged container; so do we, as a warning.
 
 use std::io;
 use std::path::PathBuf;
@@ -80,11 +80,19 @@ impl OomScoreAdjuster for FakeOomScoreAdjuster {
     }
 }
 
-/// Applies `value` the way upstream does at start-up: a failure is logged, never fatal.
+/// Applies `value` the way upstream does at start-up: a failure is never fatal. It is a
+/// warning (upstream logs it at verbosity 2) because the unprivileged DaemonSet meets it on
+/// every start: lowering the score needs `CAP_SYS_RESOURCE`, which is not worth granting for it
+/// (the kubelet already gives a system-node-critical pod -997).
 pub fn apply_oom_score_adj(adjuster: &dyn OomScoreAdjuster, value: i32) {
     match adjuster.apply(value) {
         Ok(()) => tracing::debug!(oom_score_adj = value, "applied oom_score_adj"),
-        Err(e) => tracing::debug!(error = %e, "failed to apply oom_score_adj"),
+        Err(OomError::Write { source, .. }) if source.kind() == io::ErrorKind::PermissionDenied => tracing::warn!(
+            oom_score_adj = value,
+            error = %source,
+            "cannot set oom_score_adj (lowering it needs CAP_SYS_RESOURCE); keeping the one the kubelet set"
+        ),
+        Err(e) => tracing::warn!(error = %e, "failed to apply oom_score_adj"),
     }
 }
 

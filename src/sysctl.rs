@@ -41,16 +41,28 @@ pub enum SysctlError {
     Read { name: String, source: io::Error },
     #[error("sysctl {name} holds {value:?}, not an integer")]
     NotAnInteger { name: String, value: String },
-    #[error("failed to set sysctl {name} to {value}: {source}")]
+    #[error("failed to set sysctl {name} to {value}: {source}{}", not_permitted_hint(.source))]
     Write { name: String, value: i64, source: io::Error },
     #[error("failed to read {path}: {source}")]
     ReadFile { path: PathBuf, source: io::Error },
     #[error("{path} holds {value:?}, not an integer")]
     FileNotAnInteger { path: PathBuf, value: String },
-    #[error("failed to write {value} to {path}: {source}")]
+    #[error("failed to write {value} to {path}: {source}{}", not_permitted_hint(.source))]
     WriteFile { path: PathBuf, value: i64, source: io::Error },
     #[error("no sysfs mounted according to {0}")]
     NoSysfs(PathBuf),
+}
+
+/// Said after a write refused for lack of privilege: an unprivileged container gets `/proc/sys`
+/// read-only (EROFS) and writing module parameters needs more than root's uid (EACCES, EPERM).
+fn not_permitted_hint(source: &io::Error) -> &'static str {
+    // EPERM and EACCES are both PermissionDenied.
+    if matches!(source.kind(), io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem) {
+        " (not permitted in this container: kernel settings are made by `kube-proxy-rs --init-only` in a \
+         privileged init container, as deploy/kube-proxy-rs.yaml does; see docs/operations.md, \"Privileges\")"
+    } else {
+        ""
+    }
 }
 
 pub type Result<T, E = SysctlError> = std::result::Result<T, E>;
@@ -532,6 +544,27 @@ mod tests {
         let err = apply_conntrack_settings(&fake, &sysfs(1 << 20, true), &settings(), 8).unwrap_err();
         assert!(err.to_string().contains("nf_conntrack_tcp_timeout_established"), "{err}");
         assert_eq!(fake.value(NF_CONNTRACK_TCP_TIMEOUT_CLOSE_WAIT), None, "stopped at the first error");
+        // A refusal says where kernel settings are made instead.
+        assert!(err.to_string().contains("not permitted in this container") && err.to_string().contains("--init-only"));
+    }
+
+    #[test]
+    fn only_refusals_get_the_privilege_hint() {
+        let write = |kind: io::ErrorKind| {
+            SysctlError::Write { name: ROUTE_LOCALNET.into(), value: 1, source: kind.into() }.to_string()
+        };
+        for refused in [io::ErrorKind::ReadOnlyFilesystem, io::ErrorKind::PermissionDenied] {
+            let text = write(refused);
+            assert!(text.starts_with("failed to set sysctl net/ipv4/conf/all/route_localnet to 1: "), "{text}");
+            assert!(text.contains("privileged init container"), "{text}");
+        }
+        assert!(!write(io::ErrorKind::NotFound).contains("init container"));
+        let file = SysctlError::WriteFile {
+            path: CONNTRACK_HASHSIZE_PATH.into(),
+            value: 4,
+            source: io::Error::from_raw_os_error(1), // EPERM
+        };
+        assert!(file.to_string().contains("privileged init container"), "{file}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod diff_cli;
 mod docs_reference;
 mod e2e_events;
 mod e2e_faults;
+mod e2e_privileges;
 mod e2e_scale;
 mod e2e_trace;
 mod e2e_traffic;

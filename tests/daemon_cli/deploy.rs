@@ -1,9 +1,12 @@
 //! deploy/: every manifest document deserializes into the k8s-openapi type of its kind with no
 //! field that type does not know (serde would otherwise drop a misspelt field silently), and
-//! the properties the node needs hold: host network, privileged, the xtables lock and
-//! /lib/modules mounts, tolerate-everything, the /livez probe on the health port, exactly the
-//! least-privilege RBAC, a ConfigMap whose config.conf validates, and container command lines
-//! our own flag parser accepts.
+//! the properties the node needs hold: host network, the xtables lock and /lib/modules mounts,
+//! tolerate-everything, the /livez probe on the health port, exactly the least-privilege RBAC,
+//! a ConfigMap whose config.conf validates, and container command lines our own flag parser
+//! accepts. Privileges: only the `--init-only` init container is privileged; the daemon and
+//! the cleanup Job drop every capability but exactly the ones the daemon checks for
+//! ([`kube_proxy_rs::capabilities::REQUIRED`], proven by tests/e2e_privileges.rs), on a
+//! read-only root filesystem.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -11,7 +14,7 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ServiceAccount, Toleration, Volume};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, SecurityContext, ServiceAccount, Toleration, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
@@ -178,9 +181,13 @@ fn volume<'a>(spec: &'a PodSpec, name: &str) -> &'a Volume {
     spec.volumes.iter().flatten().find(|v| v.name == name).unwrap_or_else(|| panic!("volume {name} missing"))
 }
 
-/// The mount at `path`: (volume, read-only).
+/// The mount at `path` of the pod's only container: (volume, read-only).
 fn mount<'a>(spec: &'a PodSpec, path: &str) -> (&'a Volume, bool) {
-    let c = only_container(spec);
+    mount_of(spec, only_container(spec), path)
+}
+
+/// The mount at `path` of container `c`: (volume, read-only).
+fn mount_of<'a>(spec: &'a PodSpec, c: &Container, path: &str) -> (&'a Volume, bool) {
     let m = c
         .volume_mounts
         .iter()
@@ -190,31 +197,69 @@ fn mount<'a>(spec: &'a PodSpec, path: &str) -> (&'a Volume, bool) {
     (volume(spec, &m.name), m.read_only == Some(true))
 }
 
-/// hostNetwork, privileged, the xtables lock (read-write, FileOrCreate), /lib/modules
-/// (read-only), tolerate everything, system-node-critical: what both the daemon and the
-/// cleanup pod need.
+/// hostNetwork, the xtables lock (read-write, FileOrCreate), /lib/modules (read-only),
+/// tolerate everything, system-node-critical, no host path beyond those two, and a container
+/// with only the daemon's capabilities: what both the daemon and the cleanup pod need.
 #[track_caller]
 fn assert_node_level_pod(spec: &PodSpec) {
     assert_eq!(spec.host_network, Some(true), "hostNetwork");
+    assert_eq!((spec.host_pid, spec.host_ipc), (None, None), "no host PID or IPC namespace");
     assert_eq!(spec.priority_class_name.as_deref(), Some("system-node-critical"));
     let tolerate_all = Toleration { operator: Some("Exists".into()), ..Default::default() };
     assert_eq!(spec.tolerations.as_deref(), Some(&[tolerate_all][..]), "tolerates every taint");
+    assert!(spec.security_context.is_none(), "no pod-level securityContext to override the containers'");
     let c = only_container(spec);
     assert_eq!(c.image.as_deref(), Some(IMAGE));
-    let sc = c.security_context.as_ref().expect("securityContext");
-    assert_eq!(sc.privileged, Some(true), "privileged");
+    assert_least_privilege(c);
+    assert_host_mounts(spec, c);
+    let host_paths: BTreeSet<&str> =
+        spec.volumes.iter().flatten().filter_map(|v| v.host_path.as_ref()).map(|h| h.path.as_str()).collect();
+    assert_eq!(host_paths, BTreeSet::from(["/lib/modules", "/run/xtables.lock"]), "no other host path");
+}
 
-    let (lock, read_only) = mount(spec, "/run/xtables.lock");
+/// The xtables lock (read-write hostPath, FileOrCreate) and /lib/modules (read-only) mounted
+/// into `c`, and every mount of `c` names a volume that exists.
+#[track_caller]
+fn assert_host_mounts(spec: &PodSpec, c: &Container) {
+    let (lock, read_only) = mount_of(spec, c, "/run/xtables.lock");
     assert!(!read_only, "the xtables lock must be writable");
     let host = lock.host_path.as_ref().expect("xtables lock is a hostPath");
     assert_eq!((host.path.as_str(), host.type_.as_deref()), ("/run/xtables.lock", Some("FileOrCreate")));
-    let (modules, read_only) = mount(spec, "/lib/modules");
+    let (modules, read_only) = mount_of(spec, c, "/lib/modules");
     assert!(read_only, "/lib/modules is mounted read-only");
     assert_eq!(modules.host_path.as_ref().map(|h| h.path.as_str()), Some("/lib/modules"));
-    // Every mount names a volume that exists.
     for m in c.volume_mounts.iter().flatten() {
         volume(spec, &m.name);
     }
+}
+
+/// Not privileged, no privilege escalation, a read-only root filesystem, root's uid (the
+/// iptables children get the capabilities only that way), and every capability dropped but
+/// exactly the ones the daemon checks for at start-up.
+#[track_caller]
+fn assert_least_privilege(c: &Container) {
+    let sc = c.security_context.as_ref().unwrap_or_else(|| panic!("{}: securityContext", c.name));
+    let SecurityContext {
+        privileged,
+        allow_privilege_escalation,
+        read_only_root_filesystem,
+        run_as_user,
+        run_as_non_root,
+        capabilities,
+        proc_mount,
+        ..
+    } = sc;
+    assert_eq!(*privileged, Some(false), "{}: privileged must stay off", c.name);
+    assert_eq!(*allow_privilege_escalation, Some(false), "{}: allowPrivilegeEscalation", c.name);
+    assert_eq!(*read_only_root_filesystem, Some(true), "{}: readOnlyRootFilesystem", c.name);
+    assert_eq!((*run_as_user, *run_as_non_root), (Some(0), None), "{}: runs as uid 0", c.name);
+    assert!(proc_mount.is_none(), "{}: default procMount (read-only /proc/sys)", c.name);
+    let caps = capabilities.as_ref().unwrap_or_else(|| panic!("{}: capabilities", c.name));
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]), "{}: drops every capability", c.name);
+    let added: Vec<&str> = caps.add.iter().flatten().map(String::as_str).collect();
+    let required: Vec<&str> =
+        kube_proxy_rs::capabilities::REQUIRED.iter().map(|r| r.capability.kubernetes_name()).collect();
+    assert_eq!(added, required, "{}: exactly the capabilities the daemon checks for, in its order", c.name);
 }
 
 /// The container's command line as our own parser sees it, `$(NODE_NAME)` expanded.
@@ -233,7 +278,7 @@ fn parse_command(c: &Container) -> kube_proxy_rs::cli::DaemonArgs {
 }
 
 #[test]
-fn daemon_set_runs_privileged_on_every_node_with_host_network() {
+fn daemon_set_runs_unprivileged_on_every_node_with_host_network() {
     let s = stack();
     let ds = &s.daemon_set;
     assert_eq!(ds.metadata.namespace.as_deref(), Some(NAMESPACE));
@@ -246,6 +291,9 @@ fn daemon_set_runs_privileged_on_every_node_with_host_network() {
     let pod = spec.template.spec.as_ref().expect("pod spec");
     assert_node_level_pod(pod);
     assert_eq!(pod.service_account_name.as_deref(), Some(NAME));
+    // The daemon reads the API with the service account's token (only what the ClusterRole
+    // grants, see rbac_is_exactly_least_privilege).
+    assert_ne!(pod.automount_service_account_token, Some(false));
     assert_eq!(pod.node_selector.as_ref().and_then(|n| n.get("kubernetes.io/os")).map(String::as_str), Some("linux"));
 
     let c = only_container(pod);
@@ -266,7 +314,7 @@ fn daemon_set_command_and_config_map_give_a_valid_configuration() {
     let pod = s.daemon_set.spec.as_ref().and_then(|d| d.template.spec.as_ref()).expect("pod spec");
     let args = parse_command(only_container(pod));
     assert_eq!(args.hostname_override.as_deref(), Some("node-a"));
-    assert!(!args.cleanup && args.write_config_to.is_none());
+    assert!(!args.cleanup && args.write_config_to.is_none() && !args.init_only);
     assert!(options::ignored_flags(&args).is_empty(), "no flag that --config would silently override");
 
     // --config points into the ConfigMap's mount.
@@ -366,4 +414,33 @@ fn cleanup_job_runs_cleanup_pinned_to_a_node() {
     assert!(args.cleanup, "runs --cleanup");
     assert!(args.config.is_none());
     options::effective_config(&args).expect("the cleanup command line is valid");
+}
+
+/// The one init container runs `--init-only` privileged (it writes /proc/sys and /sys), with
+/// the daemon's own command line, environment and mounts otherwise, so that it sets exactly
+/// the kernel parameters the daemon then finds in place.
+#[test]
+fn init_container_sets_the_kernel_parameters_privileged() {
+    let s = stack();
+    let pod = s.daemon_set.spec.as_ref().and_then(|d| d.template.spec.as_ref()).expect("pod spec");
+    let inits = pod.init_containers.as_deref().unwrap_or_default();
+    assert_eq!(inits.len(), 1, "one init container");
+    let init = &inits[0];
+    let daemon = only_container(pod);
+    assert_eq!(init.image, daemon.image);
+    assert_eq!(
+        init.security_context.as_ref().and_then(|sc| sc.privileged),
+        Some(true),
+        "the init container is privileged"
+    );
+
+    let init_args = parse_command(init);
+    assert!(init_args.init_only, "runs --init-only");
+    let argv = |c: &Container| c.command.iter().flatten().chain(c.args.iter().flatten()).cloned().collect::<Vec<_>>();
+    let mut expected = argv(daemon);
+    expected.push("--init-only".into());
+    assert_eq!(argv(init), expected, "the daemon's command line plus --init-only");
+    assert_eq!(init.env, daemon.env.as_ref().map(|e| e.iter().filter(|v| v.name == "NODE_NAME").cloned().collect()));
+    assert_eq!(init.volume_mounts, daemon.volume_mounts, "the same configuration and host mounts");
+    assert_host_mounts(pod, init);
 }

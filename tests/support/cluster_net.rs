@@ -108,6 +108,13 @@ impl Cluster {
     /// Builds the network, starts the pod servers, creates node-a's Node object and starts
     /// the daemon in node-a.
     pub async fn start(tag: &str) -> Cluster {
+        let mut cluster = Cluster::network(tag).await;
+        cluster.start_daemon();
+        cluster
+    }
+
+    /// Like [`Cluster::start`] without starting the daemon (the test starts it its own way).
+    pub async fn network(tag: &str) -> Cluster {
         let (api_ns, node_a, server) = topology(tag).await;
         let node_b = Netns::create(&format!("{tag}-nodeb"));
         let client = Netns::create(&format!("{tag}-client"));
@@ -166,9 +173,7 @@ impl Cluster {
         let servers = pods.iter().filter(|p| p.name != "cpod").map(|p| PodServer::start(p.name, &p.ns.name)).collect();
         server.create(&node(NODE_A, &[], &[], &[NODE_A_IP, NODE_A_IP6]));
         let dir = TempDir::new(tag);
-        let mut cluster = Cluster { daemon: None, servers, pods, client, node_b, node_a, api_ns, server, dir };
-        cluster.start_daemon();
-        cluster
+        Cluster { daemon: None, servers, pods, client, node_b, node_a, api_ns, server, dir }
     }
 
     /// The daemon's flags: short sync periods, our cluster CIDR, servers inside node-a.
