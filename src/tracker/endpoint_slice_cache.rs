@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
-use super::endpoints::EndpointsMap;
+use super::endpoints_map::EndpointsMap;
 use crate::model::ip::{AddressTextError, parse_canonical_ip};
 use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, NodeHints, Protocol, ServicePortName};
 
