@@ -148,8 +148,24 @@ pub struct ServiceChainNames {
     pub firewall: String,
     /// KUBE-EXT-: entry point for NodePort, external IP and load-balancer traffic.
     pub external: String,
-    /// [`ChainKey`]s of the four chains, in field order.
-    pub keys: [ChainKey; 4],
+    /// The four chains' [`ChainKey`]s.
+    pub keys: ServiceChainKeys,
+}
+
+/// The [`ChainKey`]s of a service port's four chains, by role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceChainKeys {
+    pub cluster_policy: ChainKey,
+    pub local_policy: ChainKey,
+    pub firewall: ChainKey,
+    pub external: ChainKey,
+}
+
+impl ServiceChainKeys {
+    /// All four, in the order of [`ServiceChainNames`]' fields.
+    pub fn all(&self) -> [ChainKey; 4] {
+        [self.cluster_policy, self.local_policy, self.firewall, self.external]
+    }
 }
 
 impl ServiceChainNames {
@@ -161,7 +177,12 @@ impl ServiceChainNames {
         let firewall = format!("{SERVICE_FIREWALL_CHAIN_PREFIX}{hash}");
         let external = format!("{SERVICE_EXTERNAL_CHAIN_PREFIX}{hash}");
         let key = |n: &str| chain_key(n).unwrap_or_default();
-        let keys = [key(&cluster_policy), key(&local_policy), key(&firewall), key(&external)];
+        let keys = ServiceChainKeys {
+            cluster_policy: key(&cluster_policy),
+            local_policy: key(&local_policy),
+            firewall: key(&firewall),
+            external: key(&external),
+        };
         ServiceChainNames { cluster_policy, local_policy, firewall, external, keys }
     }
 }
@@ -314,9 +335,9 @@ mod tests {
     #[test]
     fn chain_keys_identify_our_chains() {
         let names = ServiceChainNames::new("ns1/svc1:p80", "tcp");
-        let keys: std::collections::HashSet<ChainKey> = names.keys.iter().copied().collect();
+        let keys: std::collections::HashSet<ChainKey> = names.keys.all().into_iter().collect();
         assert_eq!(keys.len(), 4, "each chain kind has its own key");
-        assert_eq!(chain_key(&names.firewall), Some(names.keys[2]));
+        assert_eq!(chain_key(&names.firewall), Some(names.keys.firewall));
         let sep = endpoint_chain_name("ns1/svc1:p80", "tcp", "10.180.0.1:80");
         assert!(chain_key(&sep).is_some());
         assert_ne!(chain_key(&sep), chain_key("KUBE-SEP-SXIVWICOYRO3J4NK"));
@@ -329,8 +350,9 @@ mod tests {
     #[test]
     fn chain_names_are_spelled_out_from_keys() {
         let names = ServiceChainNames::new("ns1/svc1:p80", "tcp");
-        for (name, key) in
-            [&names.cluster_policy, &names.local_policy, &names.firewall, &names.external].into_iter().zip(names.keys)
+        for (name, key) in [&names.cluster_policy, &names.local_policy, &names.firewall, &names.external]
+            .into_iter()
+            .zip(names.keys.all())
         {
             assert_eq!(chain_name(key), name.as_str());
         }

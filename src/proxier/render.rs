@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::compat::Features;
-use crate::model::chains::{self, ChainKey, ChainName, KeySet, NatChains, chain_name};
+use crate::model::chains::{self, ChainKey, ChainName, KeySet, NatChains, ServiceChainKeys, chain_name};
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
 };
@@ -478,7 +478,12 @@ impl<'a> Renderer<'a> {
         }
 
         // The per-service chains stay (they are active) whether or not they are rewritten.
-        let [cluster_key, local_key, fw_key, external_key] = svc.chains.keys;
+        let ServiceChainKeys {
+            cluster_policy: cluster_key,
+            local_policy: local_key,
+            firewall: fw_key,
+            external: external_key,
+        } = svc.chains.keys;
         for (used, key) in [
             (uses_external_chain, external_key),
             (uses_fw_chain, fw_key),
@@ -555,7 +560,7 @@ impl<'a> Renderer<'a> {
             if has_external {
                 let _ = writeln!(a, "-A {external_chain} -j {external_policy_chain}");
             }
-            self.spans.push(ChainSpan::arena(external_chain, svc.chains.keys[3], &self.arena, start));
+            self.spans.push(ChainSpan::arena(external_chain, svc.chains.keys.external, &self.arena, start));
         }
 
         // KUBE-FW-
@@ -587,11 +592,11 @@ impl<'a> Renderer<'a> {
                 a,
                 "-A {fw_chain} -m comment --comment \"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL\""
             );
-            self.spans.push(ChainSpan::arena(fw_chain, svc.chains.keys[2], &self.arena, start));
+            self.spans.push(ChainSpan::arena(fw_chain, svc.chains.keys.firewall, &self.arena, start));
         }
 
         // KUBE-SVC- and KUBE-SVL-
-        let [cluster_key, local_key, _, _] = svc.chains.keys;
+        let ServiceChainKeys { cluster_policy: cluster_key, local_policy: local_key, .. } = svc.chains.keys;
         for (used, chain, key, eps) in [
             (uses_cluster_chain, cluster_chain, cluster_key, &cat.cluster),
             (uses_local_chain, local_chain, local_key, &cat.local),
