@@ -12,6 +12,7 @@ use clap::error::{ContextKind, ErrorKind};
 use kube_proxy_rs::cmd::cli::{Cli, Command, DaemonArgs};
 use kube_proxy_rs::cmd::options;
 use kube_proxy_rs::config::{KubeProxyConfiguration, LoggingConfig};
+use kube_proxy_rs::daemon::app::Stopped;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -116,7 +117,14 @@ fn daemon(args: &DaemonArgs) -> ExitCode {
         return if kube_proxy_rs::daemon::app::cleanup() { ExitCode::SUCCESS } else { ExitCode::from(1) };
     }
     match kube_proxy_rs::daemon::app::run_daemon(&cfg, args.config.as_deref(), args.master.as_deref(), args.init_only) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Stopped::Signal | Stopped::Initialized) => ExitCode::SUCCESS,
+        // Expected: exit non-zero (as upstream) so the DaemonSet starts it again, but say so
+        // as what it is, not as a failure.
+        Ok(Stopped::Restart(reason)) => {
+            tracing::info!(reason = %reason, "exiting to be restarted");
+            eprintln!("kube-proxy-rs: {reason}");
+            ExitCode::from(1)
+        }
         Err(e) => {
             tracing::error!(error = %e, "kube-proxy-rs stopped");
             eprintln!("kube-proxy-rs: {e}");

@@ -18,8 +18,8 @@ use crate::proxier::cleanup::cleanup_leftovers;
 /// the logs (`did not finish within 300s and was killed`) and in `/healthz`.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The iptables runners for both families, on the backend the host already uses.
-pub fn iptables_runners(exec: Arc<dyn Exec>) -> Vec<IptablesRunner> {
+/// The iptables runners for IPv4 and IPv6, on the backend the host already uses.
+pub fn iptables_runners(exec: Arc<dyn Exec>) -> [IptablesRunner; 2] {
     let detection = detect_backend(exec.clone(), None, COMMAND_TIMEOUT);
     tracing::info!(
         backend = ?detection.backend,
@@ -28,18 +28,15 @@ pub fn iptables_runners(exec: Arc<dyn Exec>) -> Vec<IptablesRunner> {
         reason = detection.reason,
         "chose iptables backend"
     );
-    [IpFamily::V4, IpFamily::V6]
-        .into_iter()
-        .map(|family| {
-            let options = RunnerOptions {
-                backend: detection.backend,
-                netns: None,
-                command_timeout: COMMAND_TIMEOUT,
-                ..RunnerOptions::default()
-            };
-            IptablesRunner::new(exec.clone(), family, options)
-        })
-        .collect()
+    [IpFamily::V4, IpFamily::V6].map(|family| {
+        let options = RunnerOptions {
+            backend: detection.backend,
+            netns: None,
+            command_timeout: COMMAND_TIMEOUT,
+            ..RunnerOptions::default()
+        };
+        IptablesRunner::new(exec.clone(), family, options)
+    })
 }
 
 /// `--cleanup`: removes our rules and chains from both families (upstream
@@ -61,25 +58,51 @@ pub fn cleanup() -> bool {
     ok
 }
 
+/// How the daemon ended without an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// SIGTERM or SIGINT: the rules stay in place.
+    Signal,
+    /// `--init-only` finished initialising the node.
+    Initialized,
+    /// Something the daemon was built from changed; it exits (non-zero, as upstream) so the
+    /// DaemonSet starts it again from the new state. Expected, not a failure.
+    Restart(RestartReason),
+}
+
+/// Why the daemon exits to be restarted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestartReason {
+    /// The `--config` file changed (its message says how).
+    #[error("{0}")]
+    ConfigFileChanged(String),
+    /// The Node changed in a way the daemon was built on (its podCIDRs in NodeCIDR mode).
+    #[error("{0}")]
+    NodeChanged(String),
+}
+
+/// The configuration's validation errors, one per field.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct InvalidConfiguration(pub Vec<crate::config::FieldError>);
+
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] InvalidConfiguration),
     #[error("failed to create the Kubernetes client: {0}")]
     Client(#[from] crate::k8s::client::ClientError),
     #[error(transparent)]
     Daemon(#[from] crate::daemon::DaemonError),
-    #[error("failed to bind {what} on {addr}: {reason}")]
-    Bind { what: &'static str, addr: std::net::SocketAddr, reason: String },
+    #[error("failed to bind {what} on {addr}: {source}")]
+    Bind { what: &'static str, addr: std::net::SocketAddr, source: crate::serve::http::HttpError },
     #[error("failed to start the async runtime: {0}")]
     Runtime(std::io::Error),
-    #[error("{0}")]
-    ConfigChanged(String),
+    #[error("failed to set up the metrics server: {0}")]
+    MetricsServer(#[from] crate::serve::health::HealthError),
     #[error(transparent)]
     PodCidr(#[from] crate::k8s::pod_cidr::PodCidrError),
-    #[error("{0}")]
-    NodeChanged(String),
     #[error(transparent)]
     TaskEnded(crate::daemon::tasks::TaskEnded),
     #[error(transparent)]
@@ -107,9 +130,8 @@ pub fn run_daemon(
     config_path: Option<&std::path::Path>,
     master: Option<&str>,
     init_only: bool,
-) -> Result<(), AppError> {
-    let settings = crate::config::Settings::from_config(cfg)
-        .map_err(|errs| AppError::Config(errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
+) -> Result<Stopped, AppError> {
+    let settings = crate::config::Settings::from_config(cfg).map_err(InvalidConfiguration)?;
     // Before any iptables command, so too few capabilities fail here, naming the missing one.
     // `--init-only` runs privileged (it writes /proc/sys); its failures name the sysctl.
     if !init_only {
@@ -154,7 +176,7 @@ async fn bind_or_retry(
     loop {
         match crate::serve::http::bind(addr).await {
             Ok(l) => return Ok(Some(l)),
-            Err(e) if hard_fail => return Err(AppError::Bind { what, addr, reason: e.to_string() }),
+            Err(e) if hard_fail => return Err(AppError::Bind { what, addr, source: e }),
             Err(e) => {
                 tracing::error!(what, %addr, error = %e, "failed to bind; retrying in 5s");
                 failure.report(what, addr, &e);
@@ -173,7 +195,7 @@ async fn daemon_main(
     config_path: Option<std::path::PathBuf>,
     master: Option<String>,
     init_only: bool,
-) -> Result<(), AppError> {
+) -> Result<Stopped, AppError> {
     use crate::daemon::{Daemon, DaemonDeps, service_health_server};
     use tokio_util::sync::CancellationToken;
 
@@ -203,9 +225,9 @@ async fn daemon_main(
     let events: Arc<dyn crate::k8s::events::EventRecorder> = recorder;
 
     let exec: Arc<dyn Exec> = Arc::new(RealExec);
-    let mut runners = iptables_runners(exec.clone()).into_iter();
-    let v4: Arc<dyn Iptables> = Arc::new(runners.next().ok_or_else(|| AppError::Config("no iptables runner".into()))?);
-    let v6: Arc<dyn Iptables> = Arc::new(runners.next().ok_or_else(|| AppError::Config("no ip6tables runner".into()))?);
+    let runners = iptables_runners(exec.clone());
+    let [v4, v6] = runners;
+    let (v4, v6): (Arc<dyn Iptables>, Arc<dyn Iptables>) = (Arc::new(v4), Arc::new(v6));
     let sysctl: Arc<dyn crate::node::sysctl::Sysctl> = Arc::new(crate::node::sysctl::ProcSysctl::new());
     let interfaces: Arc<dyn crate::proxier::NetworkInterfaces> = Arc::new(HostInterfaces);
     match crate::node::sysctl::apply_conntrack_settings(
@@ -231,7 +253,7 @@ async fn daemon_main(
     let daemon = Daemon::build(&settings, hostname.clone(), node.as_ref(), &deps)?;
     if init_only {
         tracing::info!("system initialized and --init-only specified");
-        return Ok(());
+        return Ok(Stopped::Initialized);
     }
     crate::node::oom::apply_oom_score_adj(&crate::node::oom::ProcOomScoreAdjuster::default(), settings.oom_score_adj);
 
@@ -253,8 +275,7 @@ async fn daemon_main(
         servers.push(tokio::spawn(daemon.health.clone().serve(l, shutdown.clone())));
     }
     if let Some(addr) = settings.metrics_bind_address {
-        let server = crate::serve::health::MetricsServer::new(daemon.metrics.clone(), &config_json)
-            .map_err(|e| AppError::Config(e.to_string()))?;
+        let server = crate::serve::health::MetricsServer::new(daemon.metrics.clone(), &config_json)?;
         if let Some(l) =
             bind_or_retry("metrics server", addr, settings.bind_address_hard_fail, &metrics_failure, &shutdown).await?
         {
@@ -278,7 +299,7 @@ async fn daemon_main(
         }
         let mut guard = pod_cidr_guard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(why) = guard.as_mut().and_then(|g| g.on_node(n)) {
-            tracing::error!(reason = %why, "restarting");
+            tracing::info!(reason = %why, "the node changed in a way this process was built on; restarting");
             let _ = restart_tx.send(why);
         }
     });
@@ -295,11 +316,14 @@ async fn daemon_main(
     tasks.spawn("sync loops", async move { loops.await.map_err(|e| e.to_string()) });
 
     let reason = tokio::select! {
-        r = wait_for_stop(watcher.as_ref(), &shutdown) => r.map(AppError::ConfigChanged),
-        Some(why) = restart_rx.recv() => Some(AppError::NodeChanged(why)),
+        r = wait_for_stop(watcher.as_ref(), &shutdown) => match r {
+            Some(changed) => Ok(Stopped::Restart(RestartReason::ConfigFileChanged(changed))),
+            None => Ok(Stopped::Signal),
+        },
+        Some(why) = restart_rx.recv() => Ok(Stopped::Restart(RestartReason::NodeChanged(why))),
         ended = tasks.first_ended() => {
             tracing::error!(task = %ended.task, how = %ended.how, "a supervised task ended; exiting");
-            Some(AppError::TaskEnded(ended))
+            Err(AppError::TaskEnded(ended))
         }
     };
     shutdown.cancel();
@@ -315,10 +339,7 @@ async fn daemon_main(
         tracing::warn!("shutdown grace period over; exiting with tasks still running");
     }
     tracing::info!("stopped; service rules left in place");
-    match reason {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    reason
 }
 
 /// Waits for SIGTERM/SIGINT (→ `None`) or a config file change (→ its message).
