@@ -32,7 +32,7 @@ use kube::runtime::watcher::Event;
 use crate::events::{
     EventRecorder, InvalidObjectReporter, REASON_INVALID_ENDPOINT_SLICE, REASON_INVALID_SERVICE, object_version,
 };
-use crate::model::{NamespacedName, skipped_addresses};
+use crate::model::NamespacedName;
 use crate::tracker::endpoint_slice_cache::{endpoint_slice_keys, skipped_endpoint_addresses};
 use crate::tracker::{ChangeRecorder, LABEL_SERVICE_NAME};
 
@@ -58,6 +58,8 @@ pub trait ChangeSink: Send + Sync {
     fn on_endpoint_slices_synced(&self) -> bool;
     /// Why the last recorded state of `service` was rejected, if it was.
     fn invalid_service(&self, service: &NamespacedName) -> Option<String>;
+    /// The addresses of `service` the proxier skips as unwritable (one line each).
+    fn skipped_addresses(&self, service: &Service) -> Vec<String>;
 }
 
 impl ChangeSink for ChangeRecorder {
@@ -78,6 +80,9 @@ impl ChangeSink for ChangeRecorder {
     }
     fn invalid_service(&self, service: &NamespacedName) -> Option<String> {
         ChangeRecorder::invalid_service(self, service).map(|e| e.to_string())
+    }
+    fn skipped_addresses(&self, service: &Service) -> Vec<String> {
+        ChangeRecorder::skipped_addresses(self, service)
     }
 }
 
@@ -118,6 +123,12 @@ impl ProxierSet {
         }
         out
     }
+
+    /// The addresses of `service` the proxiers skip as unwritable. Every proxier reads the
+    /// Service as the same release, whatever its family, so the first one answers.
+    fn skipped_addresses(&self, service: &Service) -> Vec<String> {
+        self.members.first().map(|(sink, _)| sink.skipped_addresses(service)).unwrap_or_default()
+    }
 }
 
 fn key(meta: &ObjectMeta) -> NamespacedName {
@@ -154,7 +165,7 @@ impl ServiceEvents {
                 proxiers.each(|p| p.on_service(name.clone(), Some(&svc)));
                 if let Some(reporter) = self.invalid.as_mut() {
                     let mut problems = proxiers.invalid_service(&name);
-                    problems.extend(skipped_addresses(&svc));
+                    problems.extend(proxiers.skipped_addresses(&svc));
                     reporter.observe(&name, &object_version(&svc.metadata), &problems, &svc.object_ref(&()));
                 }
             }

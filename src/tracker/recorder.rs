@@ -53,6 +53,8 @@ struct Pending {
 /// The change trackers of one IP family's proxier, behind one short lock.
 pub struct ChangeRecorder {
     family: IpFamily,
+    /// The release whose reading of Services applies.
+    features: Features,
     hostname: String,
     pending: Mutex<Pending>,
     /// Told about every recorded change (the change metrics); `None` in `render`.
@@ -78,6 +80,7 @@ impl ChangeRecorder {
         let hostname = hostname.into();
         ChangeRecorder {
             family,
+            features,
             pending: Mutex::new(Pending {
                 services: ServiceChangeTracker::new(family, features),
                 endpoints: EndpointChangeTracker::new(hostname.clone(), family),
@@ -172,6 +175,12 @@ impl ChangeRecorder {
 
     pub fn is_initialized(&self) -> bool {
         self.lock().initialized()
+    }
+
+    /// The addresses of `service` skipped because their text cannot be written into rules
+    /// in this release (see [`crate::model::skipped_addresses`]).
+    pub fn skipped_addresses(&self, service: &Service) -> Vec<String> {
+        crate::model::skipped_addresses(service, &self.features)
     }
 
     /// Why the last recorded state of `service` was rejected, if it was.
