@@ -162,6 +162,7 @@ macro_rules! golden_scenarios {
 }
 
 golden_scenarios! {
+    canonical_addresses => "canonical-addresses",
     clusterip_probabilities => "clusterip-probabilities",
     detect_local_bridge => "detect-local-bridge",
     detect_local_cluster_cidr => "detect-local-cluster-cidr",
