@@ -71,6 +71,14 @@ impl Release {
         self >= Release::V1_30
     }
 
+    /// Whether EndpointSlice addresses are parsed leniently and written canonically, in the
+    /// DNAT target, the `-s` hairpin match and the endpoint chain's hash (`010.244.1.6` is
+    /// `10.244.1.6`). Upstream's `TestBadIPs` (PR #126203, 1.31) found that endpoint
+    /// addresses were still used as written and fixed it.
+    pub fn writes_canonical_endpoint_addresses(self) -> bool {
+        self >= Release::V1_31
+    }
+
     /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
     pub fn accepts_primary_node_port_addresses(self) -> bool {
         self >= Release::V1_31
@@ -336,6 +344,8 @@ mod tests {
         assert!(!Release::V1_29.writes_canonical_service_addresses());
         assert!(Release::V1_30.writes_canonical_service_addresses());
         assert!(Release::NEWEST.writes_canonical_service_addresses());
+        assert!(!Release::V1_30.writes_canonical_endpoint_addresses());
+        assert!(Release::V1_31.writes_canonical_endpoint_addresses());
     }
 
     #[test]

@@ -290,6 +290,13 @@ fn from_1_30_service_addresses_are_written_canonically_and_restore() {
     for service_text in ["\"08.1.1.1\"", "\"010.1.1.1\"", "\"010.1.1.2\"", "\"10.0.0.0/08\"", "\"192.168.0.0/016\""] {
         assert!(!warnings.contains(service_text), "{service_text} is written, not skipped:\n{warnings}");
     }
+    // Slice addresses are still skipped by 1.30; 1.31 writes them canonically too (row 15).
+    assert!(!v4.contains("10.244.1.5:8080") && !v4.contains("10.244.1.9:8080"), "{v4}");
+    let (v4_1_31, warnings) = render_hostile("ipv4", "1.31");
+    for good in ["10.244.1.5:8080", "10.244.1.9:8080", "10.244.1.6:8080", "10.244.1.7:8080"] {
+        assert!(v4_1_31.contains(good), "{good} missing:\n{v4_1_31}");
+    }
+    assert!(!warnings.contains("\"010.244.1.5\""), "{warnings}");
     let (v6, _) = render_hostile("ipv6", "1.30");
     for good in ["-d fd00:99::1 ", "-d fd00:99::2 ", "-s fd00::/64 "] {
         assert!(v6.contains(good), "{good} missing:\n{v6}");

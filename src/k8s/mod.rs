@@ -33,7 +33,7 @@ use crate::events::{
     EventRecorder, InvalidObjectReporter, REASON_INVALID_ENDPOINT_SLICE, REASON_INVALID_SERVICE, object_version,
 };
 use crate::model::NamespacedName;
-use crate::tracker::endpoint_slice_cache::{endpoint_slice_keys, skipped_endpoint_addresses};
+use crate::tracker::endpoint_slice_cache::endpoint_slice_keys;
 use crate::tracker::{ChangeRecorder, LABEL_SERVICE_NAME};
 
 /// Label excluding a Service (and its slices) from this proxy.
@@ -60,6 +60,8 @@ pub trait ChangeSink: Send + Sync {
     fn invalid_service(&self, service: &NamespacedName) -> Option<String>;
     /// The addresses of `service` the proxier skips as unwritable (one line each).
     fn skipped_addresses(&self, service: &Service) -> Vec<String>;
+    /// The endpoints of `slice` the proxier skips for their address (one line each).
+    fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String>;
 }
 
 impl ChangeSink for ChangeRecorder {
@@ -83,6 +85,9 @@ impl ChangeSink for ChangeRecorder {
     }
     fn skipped_addresses(&self, service: &Service) -> Vec<String> {
         ChangeRecorder::skipped_addresses(self, service)
+    }
+    fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String> {
+        ChangeRecorder::skipped_endpoint_addresses(self, slice)
     }
 }
 
@@ -128,6 +133,11 @@ impl ProxierSet {
     /// Service as the same release, whatever its family, so the first one answers.
     fn skipped_addresses(&self, service: &Service) -> Vec<String> {
         self.members.first().map(|(sink, _)| sink.skipped_addresses(service)).unwrap_or_default()
+    }
+
+    /// The endpoints of `slice` the proxiers skip for their address (same release for all).
+    fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String> {
+        self.members.first().map(|(sink, _)| sink.skipped_endpoint_addresses(slice)).unwrap_or_default()
     }
 }
 
@@ -240,7 +250,7 @@ impl SliceEvents {
                     seen.insert(name.clone());
                 }
                 if let Some(reporter) = self.invalid.as_mut() {
-                    let problems = slice_problems(&slice);
+                    let problems = slice_problems(&slice, proxiers);
                     reporter.observe(&name, &object_version(&slice.metadata), &problems, &slice.object_ref(&()));
                 }
                 let service =
@@ -293,12 +303,12 @@ impl SliceEvents {
 
 /// Why the proxiers skip `slice` as a whole, or some of its endpoints (FQDN slices are not for proxies at all, so they
 /// are never invalid here).
-fn slice_problems(slice: &EndpointSlice) -> Vec<String> {
+fn slice_problems(slice: &EndpointSlice, proxiers: &ProxierSet) -> Vec<String> {
     if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
         return Vec::new();
     }
     match endpoint_slice_keys(slice) {
-        Ok(_) => skipped_endpoint_addresses(slice),
+        Ok(_) => proxiers.skipped_endpoint_addresses(slice),
         Err(err) => vec![err.to_string()],
     }
 }

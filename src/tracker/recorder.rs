@@ -83,7 +83,7 @@ impl ChangeRecorder {
             features,
             pending: Mutex::new(Pending {
                 services: ServiceChangeTracker::new(family, features),
-                endpoints: EndpointChangeTracker::new(hostname.clone(), family),
+                endpoints: EndpointChangeTracker::new(hostname.clone(), family).with_release(features.release),
                 node_labels: None,
                 services_synced: false,
                 endpoint_slices_synced: false,
@@ -181,6 +181,12 @@ impl ChangeRecorder {
     /// in this release (see [`crate::model::skipped_addresses`]).
     pub fn skipped_addresses(&self, service: &Service) -> Vec<String> {
         crate::model::skipped_addresses(service, &self.features)
+    }
+
+    /// The endpoints of `slice` skipped because their address cannot be written into rules
+    /// in this release (see [`crate::tracker::endpoint_slice_cache::skipped_endpoint_addresses`]).
+    pub fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String> {
+        super::endpoint_slice_cache::skipped_endpoint_addresses(slice, self.features.release)
     }
 
     /// Why the last recorded state of `service` was rejected, if it was.
