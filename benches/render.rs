@@ -13,8 +13,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kube_proxy_rs::iptables::save::chains_from_table;
+use kube_proxy_rs::model::chains::NatChains;
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
-use kube_proxy_rs::proxier::chains::NatChains;
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
 use kube_proxy_rs::proxier::render::{self, RenderConfig, RenderInput, RenderState};

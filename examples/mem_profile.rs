@@ -23,6 +23,7 @@ use cap::Cap;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
+use kube_proxy_rs::daemon::runner::BoundedFrequencyRunner;
 use kube_proxy_rs::exec::{Command, Exec, ExecError, Output};
 use kube_proxy_rs::iptables::runner::{Backend, IptablesRunner, RunnerOptions};
 use kube_proxy_rs::k8s::objects::{ServiceView, SliceView, convert_event};
@@ -31,7 +32,6 @@ use kube_proxy_rs::model::{Cidr, IpFamily};
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome};
-use kube_proxy_rs::runner::BoundedFrequencyRunner;
 use kube_proxy_rs::synthetic::{self, ClusterShape};
 
 #[global_allocator]

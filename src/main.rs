@@ -9,9 +9,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clap::error::{ContextKind, ErrorKind};
-use kube_proxy_rs::cli::{Cli, Command, DaemonArgs};
+use kube_proxy_rs::cmd::cli::{Cli, Command, DaemonArgs};
+use kube_proxy_rs::cmd::options;
 use kube_proxy_rs::config::{KubeProxyConfiguration, LoggingConfig};
-use kube_proxy_rs::options;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -109,13 +109,13 @@ fn daemon(args: &DaemonArgs) -> ExitCode {
         return write_config(&cfg, path);
     }
     if args.cleanup {
-        if let Err(e) = kube_proxy_rs::capabilities::check_this_process() {
+        if let Err(e) = kube_proxy_rs::node::capabilities::check_this_process() {
             eprintln!("kube-proxy-rs: {e}");
             return ExitCode::from(1);
         }
-        return if kube_proxy_rs::app::cleanup() { ExitCode::SUCCESS } else { ExitCode::from(1) };
+        return if kube_proxy_rs::daemon::app::cleanup() { ExitCode::SUCCESS } else { ExitCode::from(1) };
     }
-    match kube_proxy_rs::app::run_daemon(&cfg, args.config.as_deref(), args.master.as_deref(), args.init_only) {
+    match kube_proxy_rs::daemon::app::run_daemon(&cfg, args.config.as_deref(), args.master.as_deref(), args.init_only) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "kube-proxy-rs stopped");

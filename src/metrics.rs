@@ -22,7 +22,7 @@ use prometheus::{
 use crate::compat::Release;
 use crate::iptables::Table;
 use crate::model::IpFamily;
-use crate::nfacct::{self, Nfacct};
+use crate::node::nfacct::{self, Nfacct};
 use crate::proxier::{SyncError, SyncReport};
 
 /// Upstream's `kubeProxySubsystem`: every metric name starts with `kubeproxy_`.
@@ -561,7 +561,7 @@ mod tests {
 
     #[test]
     fn accounting_counters_are_read_at_scrape_time_from_1_31() {
-        let fake = Arc::new(crate::nfacct::FakeNfacct::new());
+        let fake = Arc::new(crate::node::nfacct::FakeNfacct::new());
         fake.ensure(nfacct::CT_STATE_INVALID_DROPPED).unwrap();
         fake.count(nfacct::CT_STATE_INVALID_DROPPED, 42);
         let nfacct: Arc<dyn Nfacct> = fake.clone();

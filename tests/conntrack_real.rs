@@ -9,12 +9,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use kube_proxy_rs::compat::{Features, Release};
-use kube_proxy_rs::conntrack::{
+use kube_proxy_rs::exec::RealExec;
+use kube_proxy_rs::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use kube_proxy_rs::node::conntrack::{
     CleanupSummary, Conntrack, ConntrackEntry, EndpointMatch, ExecConntrack, ReconcileSummary, clean_stale_entries,
     reconcile,
 };
-use kube_proxy_rs::exec::RealExec;
-use kube_proxy_rs::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
 use kube_proxy_rs::tracker::{
     EndpointChangeTracker, EndpointsMap, ServiceChangeTracker, ServiceEndpoint, ServicePortMap,
 };

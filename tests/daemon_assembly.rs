@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher::Event;
 use kube_proxy_rs::config::{KubeProxyConfiguration, Settings};
-use kube_proxy_rs::conntrack::FakeConntrack;
 use kube_proxy_rs::daemon::{Daemon, DaemonDeps, DaemonError};
 use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::iptables::{FlushFlag, Iptables, RestoreCounters, Result as IptResult, RulePosition, Table};
 use kube_proxy_rs::k8s::{ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::node::conntrack::FakeConntrack;
+use kube_proxy_rs::node::sysctl::FakeSysctl;
 use kube_proxy_rs::proxier::StaticInterfaces;
-use kube_proxy_rs::sysctl::FakeSysctl;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::fixtures::{node, slice, svc};
@@ -42,7 +42,7 @@ fn deps(v6_present: bool) -> (Fakes, DaemonDeps) {
         interfaces: Arc::new(StaticInterfaces(Vec::new())),
         conntrack: Some(Arc::new(FakeConntrack::new())),
         nfacct: None,
-        events: Arc::new(kube_proxy_rs::events::NoopEventRecorder),
+        events: Arc::new(kube_proxy_rs::k8s::events::NoopEventRecorder),
     };
     (Fakes { v4, v6, sysctl }, deps)
 }
@@ -279,7 +279,7 @@ async fn slow_rig(sync_period: Duration) -> SlowRig {
     let n = node("node-a", &[], &["10.0.1.0/24"], &["198.18.0.2"]);
     let daemon = Daemon::build(&settings, "node-a".into(), Some(&n), &deps).expect("daemon");
     let set = daemon.proxier_set();
-    let recorder = kube_proxy_rs::sync_loop::lock(&daemon.families[0].proxier).recorder();
+    let recorder = kube_proxy_rs::daemon::sync_loop::lock(&daemon.families[0].proxier).recorder();
     let health_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let health_addr = health_listener.local_addr().expect("addr");

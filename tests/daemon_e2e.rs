@@ -503,7 +503,7 @@ fn http_get(ns: &crate::support::netns::Netns, host: &str, port: u16, path: &str
 async fn hostile_clients_on_the_health_port_leave_the_daemon_its_fds_and_memory() {
     require_root!();
     // The clients' 500 sockets live in this process.
-    kube_proxy_rs::fd_limit::raise_open_file_limit(&kube_proxy_rs::fd_limit::ProcessOpenFileLimit);
+    kube_proxy_rs::node::fd_limit::raise_open_file_limit(&kube_proxy_rs::node::fd_limit::ProcessOpenFileLimit);
     let (_api_ns, node_ns, server) = topology("e2ehostile").await;
     server.create(&node("node-e2e", &[], &[], &[NODE_IP]));
     server.create(&svc("ns1", "web").cluster_ip("172.30.0.1").tcp("http", 80).build());
@@ -572,7 +572,7 @@ async fn hostile_clients_on_the_health_port_leave_the_daemon_its_fds_and_memory(
 #[ignore = "benchmark: run by hand, reported in docs/performance.md"]
 async fn hostile_clients_figures() {
     require_root!();
-    kube_proxy_rs::fd_limit::raise_open_file_limit(&kube_proxy_rs::fd_limit::ProcessOpenFileLimit);
+    kube_proxy_rs::node::fd_limit::raise_open_file_limit(&kube_proxy_rs::node::fd_limit::ProcessOpenFileLimit);
     let bin = std::env::var("KPR_BIN").unwrap_or_else(|_| BIN.to_string());
     let connections = std::env::var("KPR_CONNECTIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let head_bytes = std::env::var("KPR_HEAD_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(390 * 1024);

@@ -12,12 +12,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::CommandFactory;
-use kube_proxy_rs::cli::{Cli, DaemonArgs};
+use kube_proxy_rs::cmd::cli::{Cli, DaemonArgs};
+use kube_proxy_rs::cmd::options;
 use kube_proxy_rs::compat::Release;
 use kube_proxy_rs::config::{KubeProxyConfiguration, OutputRouting, Quantity, VModuleItem};
 use kube_proxy_rs::metrics::Metrics;
 use kube_proxy_rs::model::IpFamily;
-use kube_proxy_rs::options;
 use kube_proxy_rs::proxier::{RenderStats, SyncReport};
 use kube_proxy_rs::tracker::{EndpointsUpdateResult, ServiceUpdateResult};
 use prometheus::proto::MetricType;
@@ -234,13 +234,15 @@ fn documented_fields_are_exactly_the_file_format() {
 fn exercised_metrics(release: Release) -> Metrics {
     let m = Metrics::new(release).expect("metrics");
     // Both accounting objects exist and have counted (registered from 1.31 only).
-    let nfacct = kube_proxy_rs::nfacct::FakeNfacct::new();
-    for object in [kube_proxy_rs::nfacct::CT_STATE_INVALID_DROPPED, kube_proxy_rs::nfacct::LOCALHOST_NODEPORTS_ACCEPTED]
-    {
-        kube_proxy_rs::nfacct::Nfacct::ensure(&nfacct, object).expect("fake object");
+    let nfacct = kube_proxy_rs::node::nfacct::FakeNfacct::new();
+    for object in [
+        kube_proxy_rs::node::nfacct::CT_STATE_INVALID_DROPPED,
+        kube_proxy_rs::node::nfacct::LOCALHOST_NODEPORTS_ACCEPTED,
+    ] {
+        kube_proxy_rs::node::nfacct::Nfacct::ensure(&nfacct, object).expect("fake object");
         nfacct.count(object, 1);
     }
-    let nfacct: std::sync::Arc<dyn kube_proxy_rs::nfacct::Nfacct> = std::sync::Arc::new(nfacct);
+    let nfacct: std::sync::Arc<dyn kube_proxy_rs::node::nfacct::Nfacct> = std::sync::Arc::new(nfacct);
     m.register_nfacct(&nfacct).expect("nfacct collectors");
     m.service_update_observed(1);
     m.endpoint_slice_update_observed(true);

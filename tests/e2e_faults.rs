@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::daemon::sync_loop::lock;
 use kube_proxy_rs::daemon::{Daemon, DaemonDeps};
 use kube_proxy_rs::iptables::dump::Dump;
 use kube_proxy_rs::iptables::fake::FakeIptables;
@@ -28,7 +29,6 @@ use kube_proxy_rs::iptables::{FlushFlag, Iptables, RestoreCounters, Table};
 use kube_proxy_rs::k8s::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::{StaticInterfaces, SyncOutcome};
-use kube_proxy_rs::sync_loop::lock;
 use serde_json::json;
 
 use crate::require_root;
@@ -101,11 +101,11 @@ impl Testbed {
     /// The expected rules of both families for the server's current objects (see the module
     /// docs), canonical.
     fn expected(&self) -> BTreeMap<IpFamily, String> {
-        let cli = kube_proxy_rs::cli::Cli::try_parse_from(
+        let cli = kube_proxy_rs::cmd::cli::Cli::try_parse_from(
             std::iter::once("kube-proxy-rs".to_string()).chain(self.args.clone()),
         )
         .expect("daemon flags parse");
-        let cfg = kube_proxy_rs::options::effective_config(&cli.daemon).expect("effective config");
+        let cfg = kube_proxy_rs::cmd::options::effective_config(&cli.daemon).expect("effective config");
         let settings = kube_proxy_rs::config::Settings::from_config(&cfg).expect("valid settings");
         let hostname = settings.hostname_override.clone().expect("hostname override");
         let node: Option<Node> =
@@ -122,12 +122,12 @@ impl Testbed {
         let deps = DaemonDeps {
             iptables_v4: Some(fakes[&IpFamily::V4].clone()),
             iptables_v6: Some(fakes[&IpFamily::V6].clone()),
-            sysctl: Arc::new(kube_proxy_rs::sysctl::FakeSysctl::new()),
+            sysctl: Arc::new(kube_proxy_rs::node::sysctl::FakeSysctl::new()),
             interfaces: Arc::new(StaticInterfaces(interface_addresses(&self.node_ns))),
             conntrack: None,
             // The node under test has nfacct: its rules name the accounting objects.
-            nfacct: Some(Arc::new(kube_proxy_rs::nfacct::FakeNfacct::new())),
-            events: Arc::new(kube_proxy_rs::events::NoopEventRecorder),
+            nfacct: Some(Arc::new(kube_proxy_rs::node::nfacct::FakeNfacct::new())),
+            events: Arc::new(kube_proxy_rs::k8s::events::NoopEventRecorder),
         };
         let daemon = Daemon::build(&settings, hostname, node.as_ref(), &deps).expect("daemon assembles");
         assert_eq!(daemon.families.len(), 2, "dual stack, as the daemon runs in the namespace");

@@ -54,7 +54,7 @@ fn manifest_capabilities() -> Vec<String> {
 fn mask(caps: &[String]) -> u64 {
     caps.iter()
         .map(|c| {
-            let cap = kube_proxy_rs::capabilities::Capability::from_name(c)
+            let cap = kube_proxy_rs::node::capabilities::Capability::from_name(c)
                 .unwrap_or_else(|| panic!("the manifest adds {c}, which the daemon does not know it needs"));
             1u64 << cap.number()
         })
@@ -93,7 +93,7 @@ async fn assert_restricted(daemon: &DaemonProcess, caps: &[String]) {
     })
     .await;
     let status = read("status");
-    let caps_now = kube_proxy_rs::capabilities::parse_status(&status).expect("status parses");
+    let caps_now = kube_proxy_rs::node::capabilities::parse_status(&status).expect("status parses");
     assert_eq!(caps_now.effective, mask(caps), "effective capabilities\n{status}");
     assert_eq!(caps_now.effective_uid, 0);
     assert!(status.lines().any(|l| l.split_whitespace().eq(["NoNewPrivs:", "1"])), "{status}");

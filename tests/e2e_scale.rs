@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_proxy_rs::iptables::runner::Backend;
-use kube_proxy_rs::proxier::chains::endpoint_chain_name;
+use kube_proxy_rs::model::chains::endpoint_chain_name;
 use kube_proxy_rs::synthetic::{self, ClusterShape};
 
 use crate::require_root;

@@ -11,18 +11,18 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
 use kube_proxy_rs::config::{KubeProxyConfiguration, Settings};
+use kube_proxy_rs::daemon::sync_loop::lock;
 use kube_proxy_rs::daemon::{Daemon, DaemonDeps, report_conntrack_outcome};
-use kube_proxy_rs::events::{
+use kube_proxy_rs::iptables::fake::FakeIptables;
+use kube_proxy_rs::k8s::events::{
     EventOptions, EventRecord, EventRecorder, EventType, FakeEventRecorder, KubeEventRecorder, node_ref,
     reporting_instance, service_ref,
 };
-use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::k8s::{ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
+use kube_proxy_rs::node::sysctl::{ConntrackOutcome, FakeSysctl};
 use kube_proxy_rs::proxier::StaticInterfaces;
 use kube_proxy_rs::serve::healthcheck::ServiceHealthServer;
-use kube_proxy_rs::sync_loop::lock;
-use kube_proxy_rs::sysctl::{ConntrackOutcome, FakeSysctl};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

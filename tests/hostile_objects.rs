@@ -19,7 +19,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
 
-use kube_proxy_rs::cli::{IpFamilyArg, RenderArgs, RenderOptions};
+use kube_proxy_rs::cmd::cli::{IpFamilyArg, RenderArgs, RenderOptions};
 use kube_proxy_rs::manifest::Snapshot;
 
 use crate::support::netns::{Netns, is_root};

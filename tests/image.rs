@@ -191,7 +191,7 @@ fn image_metadata_binary_and_tools() {
     let tested = version_line(Command::new(BIN).arg("--version"));
     assert_eq!(
         tested,
-        format!("kube-proxy-rs {} (git commit {})", env!("CARGO_PKG_VERSION"), kube_proxy_rs::cli::GIT_COMMIT)
+        format!("kube-proxy-rs {} (git commit {})", env!("CARGO_PKG_VERSION"), kube_proxy_rs::cmd::cli::GIT_COMMIT)
     );
     let ns = Netns::create("imgmeta");
     assert_eq!(version_line(&mut in_image(&ns, &rootfs, &[ENTRYPOINT, "--version"])), tested);
@@ -199,7 +199,7 @@ fn image_metadata_binary_and_tools() {
     assert_eq!(a.get("org.opencontainers.image.version").map(String::as_str), Some(env!("CARGO_PKG_VERSION")), "{a:?}");
     assert_eq!(
         a.get("org.opencontainers.image.revision").map(String::as_str),
-        Some(kube_proxy_rs::cli::GIT_COMMIT),
+        Some(kube_proxy_rs::cmd::cli::GIT_COMMIT),
         "{a:?}"
     );
     assert!(a.get("org.opencontainers.image.created").is_some_and(|c| c.ends_with('Z')), "{a:?}");

@@ -1,5 +1,6 @@
 //! The one integration-test binary (fewer link steps): one module per area.
 
+mod architecture;
 mod cleanup_cli;
 mod conntrack_real;
 mod daemon_assembly;

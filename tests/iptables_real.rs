@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube_proxy_rs::cleanup::cleanup_leftovers;
 use kube_proxy_rs::iptables::dump::Dump;
 use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::iptables::monitor::{CANARY_TABLES, CanaryMonitor};
@@ -23,6 +22,7 @@ use kube_proxy_rs::iptables::restore_plan;
 use kube_proxy_rs::iptables::runner::{Backend, IptablesVersion, RunnerOptions};
 use kube_proxy_rs::iptables::{FlushFlag, Iptables, IptablesError, RestoreCounters, RulePosition, Table};
 use kube_proxy_rs::model::{Cidr, IpFamily, NamespacedName};
+use kube_proxy_rs::proxier::cleanup::cleanup_leftovers;
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome, SyncReport};

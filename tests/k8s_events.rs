@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
+use kube_proxy_rs::daemon::runner::BoundedFrequencyRunner;
+use kube_proxy_rs::daemon::sync_loop::{SharedProxier, lock};
 use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::k8s::{NodeEvents, ProxierSet, ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::proxier::SyncOutcome;
-use kube_proxy_rs::runner::BoundedFrequencyRunner;
-use kube_proxy_rs::sync_loop::{SharedProxier, lock};
 
 use crate::support::fixtures::{node, slice, svc};
 use crate::support::harness::{TEST_NODE_NAME, TestProxier, proxier_set_member, shared_test_proxier};

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::daemon::runner::BoundedFrequencyRunner;
+use kube_proxy_rs::daemon::sync_loop::{SharedProxier, SyncLoop, lock};
 use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::k8s::ProxierSet;
 use kube_proxy_rs::k8s::watch::{self, NodeCallback};
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces, SyncOutcome};
-use kube_proxy_rs::runner::BoundedFrequencyRunner;
-use kube_proxy_rs::sync_loop::{SharedProxier, SyncLoop, lock};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -572,7 +572,7 @@ fn stale_chains_are_cleaned_up_without_reading_the_ruleset_each_sync() {
 /// went away, and of services that got their first endpoint (upstream CleanStaleEntries).
 #[test]
 fn successful_syncs_clear_stale_udp_conntrack_entries() {
-    use kube_proxy_rs::conntrack::FakeConntrack;
+    use kube_proxy_rs::node::conntrack::FakeConntrack;
     let ct = std::sync::Arc::new(FakeConntrack::new());
     let mut fp = TestProxier::new(IpFamily::V4).with_conntrack(ct.clone());
     let dns = svc("kube-system", "dns").cluster_ip("172.30.0.10").udp("dns", 53).build();
@@ -599,8 +599,8 @@ fn successful_syncs_clear_stale_udp_conntrack_entries() {
 /// lists the family's UDP entries and deletes those that no serving endpoint answers.
 #[test]
 fn from_1_32_udp_endpoint_changes_run_the_conntrack_reconciler() {
-    use kube_proxy_rs::conntrack::{ConntrackEntry, FakeConntrack, FlowFilter};
     use kube_proxy_rs::model::Protocol;
+    use kube_proxy_rs::node::conntrack::{ConntrackEntry, FakeConntrack, FlowFilter};
     let entry = |protocol, dst: &str, reply_src: &str| ConntrackEntry {
         protocol,
         orig_src: "10.0.5.5".parse().unwrap(),

@@ -6,11 +6,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kube_proxy_rs::daemon::sync_loop::{SyncLoop, lock};
 use kube_proxy_rs::iptables::Iptables;
 use kube_proxy_rs::iptables::runner::Backend;
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces};
-use kube_proxy_rs::sync_loop::{SyncLoop, lock};
 use tokio_util::sync::CancellationToken;
 
 use crate::require_root;

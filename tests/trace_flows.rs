@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use kube_proxy_rs::cli::{Cli, Command};
+use kube_proxy_rs::cmd::cli::{Cli, Command};
 use kube_proxy_rs::trace::{Packet, Proto, Trace, Verdict, trace_text};
 
 /// The node every scenario renders for (node-a's InternalIP).

@@ -15,43 +15,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::path::PathBuf;
-
-use clap::Args;
 
 use super::render::{self, RenderCmdError};
 use super::trace::LiveNode;
-use crate::cli::{IpFamilyArg, RenderArgs, RenderOptions};
+use crate::cmd::cli::{DiffArgs, RenderArgs};
 use crate::config::Settings;
 use crate::manifest::Snapshot;
 use crate::model::IpFamily;
 use crate::trace::ruleset::{Chain, LoadedRule, builtin_chains};
 use crate::trace::{LoadError, RuleSet};
-
-#[derive(Debug, Args)]
-pub struct DiffArgs {
-    /// How the manifests are rendered, as for `render`.
-    #[command(flatten)]
-    pub render: RenderOptions,
-    /// Which family's rules to compare.
-    #[arg(long, value_enum, default_value = "ipv4")]
-    pub ip_family: IpFamilyArg,
-    /// The node's rules from a file (iptables-save output of nat and filter) instead of the
-    /// live node.
-    #[arg(long, value_name = "FILE")]
-    pub node_rules: Option<PathBuf>,
-    /// Read the cluster state from the API server with this kubeconfig (default: the config
-    /// file's clientConnection.kubeconfig, else in-cluster), as the daemon does.
-    #[arg(long, value_name = "FILE", conflicts_with = "manifests")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The API server's address (overrides the kubeconfig's), as the daemon's --master.
-    #[arg(long, value_name = "URL", conflicts_with = "manifests")]
-    pub master: Option<String>,
-    /// The cluster state: YAML manifests (Services, EndpointSlices, Nodes), as for `render`.
-    /// Without any, the state is read from the API server.
-    #[arg(value_name = "MANIFEST")]
-    pub manifests: Vec<PathBuf>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiffCmdError {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::cli::{RenderArgs, RenderOptions};
+use crate::cmd::cli::{RenderArgs, RenderOptions};
 use crate::config::{self, Settings};
 use crate::iptables::chain_tracker::ChainTracker;
 use crate::iptables::runner::{IptablesVersion, RANDOM_FULLY_MIN_VERSION};
@@ -179,7 +179,7 @@ pub fn render_snapshots_with(
     // The accounting objects exist (releases 1.31 and later name them in their rules), as
     // upstream's unit tests assume and as a node with nfacct support has them.
     let mut proxier = Proxier::new(cfg, kernel, Arc::new(StaticInterfaces(interface_addrs)))
-        .with_nfacct(Arc::new(crate::nfacct::FakeNfacct::new()));
+        .with_nfacct(Arc::new(crate::node::nfacct::FakeNfacct::new()));
 
     // Snapshots are taken to arrive a sync period apart, so large-cluster mode also cleans
     // up stale chains on every sync, as the daemon would eventually.
@@ -219,7 +219,7 @@ pub fn node_name(options: &RenderOptions, settings: &Settings) -> String {
         .or_else(|| settings.hostname_override.clone())
         .map(|h| h.trim().to_lowercase())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(crate::app::os_hostname)
+        .unwrap_or_else(crate::daemon::app::os_hostname)
 }
 
 fn load(paths: &[PathBuf]) -> Result<Snapshot, RenderCmdError> {

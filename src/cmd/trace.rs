@@ -4,71 +4,15 @@
 
 use std::io::{Read, Write};
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
-
 use super::render::{self, RenderCmdError};
-use crate::cli::{IpFamilyArg, RenderArgs, RenderOptions};
+use crate::cmd::cli::{ProtoArg, RenderArgs, TraceArgs};
 use crate::exec::{Exec, RealExec};
 use crate::iptables::{Iptables, Table};
 use crate::model::IpFamily;
 use crate::proxier::NetworkInterfaces;
 use crate::trace::{LoadError, Packet, Proto, RuleSet, TraceError};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ProtoArg {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-#[derive(Debug, Args)]
-pub struct TraceArgs {
-    /// Rules to trace through: iptables-save output or iptables-restore input (`-` for
-    /// stdin). Without it and without manifests, the live node's rules.
-    #[arg(long, value_name = "FILE", conflicts_with = "manifests")]
-    pub rules: Option<PathBuf>,
-    /// With manifests: how they are rendered, as for `render`.
-    #[command(flatten)]
-    pub render: RenderOptions,
-    /// YAML manifests to render the rules from, as for `render`.
-    #[arg(value_name = "MANIFEST")]
-    pub manifests: Vec<PathBuf>,
-    /// With manifests: a later snapshot, as for `render` (repeatable).
-    #[arg(long = "then", value_name = "MANIFEST", requires = "manifests")]
-    pub then: Vec<PathBuf>,
-    /// The family of the rules (default: the family of --dst).
-    #[arg(long, value_enum)]
-    pub ip_family: Option<IpFamilyArg>,
-    /// An address of the node, for `addrtype LOCAL` (repeatable; default: the live node's
-    /// interface addresses, or with manifests the node's addresses as `render` resolves them).
-    #[arg(long = "local-address", value_name = "IP")]
-    pub local_addresses: Vec<IpAddr>,
-    /// Source address of the packet (one of the node's: locally generated).
-    #[arg(long, value_name = "IP")]
-    pub src: IpAddr,
-    /// Destination address.
-    #[arg(long, value_name = "IP")]
-    pub dst: IpAddr,
-    /// Destination port.
-    #[arg(long, value_name = "PORT")]
-    pub dport: u16,
-    /// Protocol.
-    #[arg(long, value_enum, default_value = "tcp")]
-    pub proto: ProtoArg,
-    /// The interface the packet arrives on, for rules matching `-i`.
-    #[arg(long, value_name = "NAME")]
-    pub in_interface: Option<String>,
-    /// The interface the packet leaves by, for rules matching `-o`.
-    #[arg(long, value_name = "NAME")]
-    pub out_interface: Option<String>,
-    /// Print one JSON object: {"verdict", "destinations": [{"address", "probability",
-    /// "masquerade"}], "path": [...]}.
-    #[arg(long)]
-    pub json: bool,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceCmdError {
@@ -115,11 +59,11 @@ pub struct RealNode;
 impl LiveNode for RealNode {
     fn rules(&self, family: IpFamily) -> Result<String, String> {
         let exec: Arc<dyn Exec> = Arc::new(RealExec);
-        save_tables(crate::app::iptables_runners(exec).iter().find(|r| r.family() == family), family)
+        save_tables(crate::daemon::app::iptables_runners(exec).iter().find(|r| r.family() == family), family)
     }
 
     fn addresses(&self) -> std::io::Result<Vec<IpAddr>> {
-        crate::app::HostInterfaces.interface_addrs()
+        crate::daemon::app::HostInterfaces.interface_addrs()
     }
 }
 

@@ -12,7 +12,7 @@ use std::future::Future;
 
 use tokio::task::{Id, JoinSet};
 
-use crate::sync_loop::panic_message;
+use crate::daemon::sync_loop::panic_message;
 
 /// A supervised task ended before shutdown, and how.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

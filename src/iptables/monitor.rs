@@ -139,7 +139,7 @@ impl CanaryMonitor {
                 }
                 Ok(false) => {
                     tracing::debug!(table = %first, chain = %self.canary, "iptables canary deleted");
-                    self.state = State::Flushing { deadline: crate::runner::instant_after(now, self.flush_timeout) };
+                    self.state = State::Flushing { deadline: crate::time::instant_after(now, self.flush_timeout) };
                     self.step(now)
                 }
             },

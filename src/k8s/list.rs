@@ -1,6 +1,7 @@
 //! One read of the cluster state a node's rules depend on, for the commands that compare or
 //! render without running the daemon (`diff --kubeconfig`): the Services and EndpointSlices
-//! the watches would see (same label selector, same slim decoding) and this node's Node.
+//! the watches would see (same label selector, same slim decoding) and this node's Node;
+//! and the daemon's wait for its Node at start-up.
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -47,4 +48,21 @@ pub async fn cluster_state(client: &Client, node_name: &str) -> Result<ClusterSt
         endpoint_slices: slices.items.into_iter().map(EndpointSlice::from).collect(),
         node,
     })
+}
+
+/// Upstream waits for its Node for a while to learn the node IPs; so do we (about 30 s).
+pub async fn wait_for_node(client: &Client, name: &str) -> Option<Node> {
+    let api: Api<Node> = Api::all(client.clone());
+    let mut delay = std::time::Duration::from_millis(500);
+    for _ in 0..8 {
+        match api.get_opt(name).await {
+            Ok(Some(node)) => return Some(node),
+            Ok(None) => tracing::info!(node = name, "node not found yet"),
+            Err(e) => tracing::info!(node = name, error = %e, "failed to get node"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(std::time::Duration::from_secs(8));
+    }
+    tracing::warn!(node = name, "could not get this node; assuming loopback node IPs (set --bind-address if wrong)");
+    None
 }

@@ -15,6 +15,7 @@
 //! (see [`InvalidObjectReporter`]); syncs never raise these.
 
 pub mod client;
+pub mod events;
 pub mod list;
 pub mod objects;
 pub mod pod_cidr;
@@ -29,7 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::runtime::watcher::Event;
 
-use crate::events::{
+use crate::k8s::events::{
     EventRecorder, InvalidObjectReporter, REASON_INVALID_ENDPOINT_SLICE, REASON_INVALID_SERVICE, object_version,
 };
 use crate::model::NamespacedName;

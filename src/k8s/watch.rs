@@ -12,7 +12,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-use crate::events::EventRecorder;
+use crate::k8s::events::EventRecorder;
 
 use super::objects::{ServiceView, SliceView, convert_event};
 use super::{NodeEvents, ProxierSet, ServiceEvents, SliceEvents, WATCH_LABEL_SELECTOR};

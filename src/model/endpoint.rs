@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::ip::join_host_port;
 use super::names::ServicePortName;
-use crate::proxier::chains::{ChainKey, ChainName, chain_key, chain_name, endpoint_chain_name};
+use crate::model::chains::{ChainKey, ChainName, chain_key, chain_name, endpoint_chain_name};
 
 /// One endpoint of a service port.
 ///

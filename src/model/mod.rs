@@ -1,5 +1,7 @@
-//! The domain model: names, addresses, service ports and endpoints. Pure data, no I/O.
+//! The domain model: names, addresses, service ports, endpoints and the chain names derived
+//! from them. Pure data, no I/O.
 
+pub mod chains;
 pub mod endpoint;
 pub mod ip;
 pub mod names;

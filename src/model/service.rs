@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service, ServiceSpec};
 use super::ip::{self, AddressTextError, Cidr};
 use super::names::{IpFamily, NamespacedName, Protocol, ServicePortName};
 use crate::compat::Features;
-use crate::proxier::chains::ServiceChainNames;
+use crate::model::chains::ServiceChainNames;
 
 /// Annotation selecting topology-aware routing (`Auto`, `auto`, anything else but
 /// `disabled`/`Disabled` enables hints in kube-proxy).

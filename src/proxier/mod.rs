@@ -6,7 +6,7 @@
 //! [`Proxier::sync`]. Nothing is applied until Services and EndpointSlices have both been
 //! listed once.
 
-pub mod chains;
+pub mod cleanup;
 pub mod local_detect;
 pub mod nodeport_addresses;
 pub mod render;
@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::conntrack::{Conntrack, EndpointMatch, clean_stale_entries, reconcile};
 use crate::iptables::{self, FlushFlag, Iptables, RestoreCounters, RulePosition, Table};
 use crate::model::NamespacedName;
-use crate::nfacct::{Nfacct, NfacctCounters};
-use crate::proxier::chains::NatChains;
+use crate::model::chains::{self, NatChains};
+use crate::node::conntrack::{Conntrack, EndpointMatch, clean_stale_entries, reconcile};
+use crate::node::nfacct::{Nfacct, NfacctCounters};
 use crate::tracker::{
     ChangeObserver, ChangeRecorder, EndpointsMap, EndpointsUpdateResult, HealthCheckNodePorts, LocalReadyEndpoints,
     ServicePortMap, ServiceUpdateResult,

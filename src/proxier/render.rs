@@ -17,11 +17,11 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::compat::Features;
+use crate::model::chains::{self, ChainKey, ChainName, KeySet, NatChains, chain_name};
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
 };
-use crate::nfacct::{self, NfacctCounters};
-use crate::proxier::chains::{self, ChainKey, ChainName, KeySet, NatChains, chain_name};
+use crate::node::nfacct::{self, NfacctCounters};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::tracker::topology::categorize_endpoints;

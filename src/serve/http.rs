@@ -663,7 +663,7 @@ mod limits_tests {
     async fn ten_thousand_connection_attempts_keep_descriptors_bounded_and_healthz_answering() {
         // The clients' sockets live in this process too: 1000 at a time, fewer if the
         // open-file limit cannot allow that (still several times the cap).
-        use crate::fd_limit::{OpenFileLimit, ProcessOpenFileLimit, raise_open_file_limit};
+        use crate::node::fd_limit::{OpenFileLimit, ProcessOpenFileLimit, raise_open_file_limit};
         raise_open_file_limit(&ProcessOpenFileLimit);
         let soft = ProcessOpenFileLimit.get().map_or(1024, |(soft, _)| usize::try_from(soft).unwrap_or(usize::MAX));
         let limits = Limits {

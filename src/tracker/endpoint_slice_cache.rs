@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
-use super::endpoints::EndpointsMap;
+use super::endpoints_map::EndpointsMap;
 use crate::compat::Release;
 use crate::model::ip::{AddressTextError, format_ip, parse_canonical_ip, parse_ip_sloppy};
 use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, NodeHints, Protocol, ServicePortName};

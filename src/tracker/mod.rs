@@ -11,6 +11,7 @@
 
 pub mod endpoint_slice_cache;
 pub mod endpoints;
+pub mod endpoints_map;
 pub mod recorder;
 pub mod service;
 pub mod topology;
@@ -19,9 +20,8 @@ pub mod topology;
 pub(crate) mod testing;
 
 pub use endpoint_slice_cache::{EndpointSliceCache, InvalidEndpointSlice, LABEL_SERVICE_NAME};
-pub use endpoints::{
-    EndpointChangeTracker, EndpointChanges, EndpointsMap, EndpointsUpdateResult, LocalReadyEndpoints, ServiceEndpoint,
-};
+pub use endpoints::{EndpointChangeTracker, EndpointChanges};
+pub use endpoints_map::{EndpointsMap, EndpointsUpdateResult, LocalReadyEndpoints, ServiceEndpoint};
 pub use recorder::{ChangeObserver, ChangeRecorder, DrainedChanges};
 pub use service::{HealthCheckNodePorts, ServiceChangeTracker, ServiceChanges, ServicePortMap, ServiceUpdateResult};
 pub use topology::{Categorized, LABEL_TOPOLOGY_ZONE, categorize_endpoints};

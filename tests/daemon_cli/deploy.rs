@@ -5,7 +5,7 @@
 //! a ConfigMap whose config.conf validates, and container command lines our own flag parser
 //! accepts. Privileges: only the `--init-only` init container is privileged; the daemon and
 //! the cleanup Job drop every capability but exactly the ones the daemon checks for
-//! ([`kube_proxy_rs::capabilities::REQUIRED`], proven by tests/e2e_privileges.rs), on a
+//! ([`kube_proxy_rs::node::capabilities::REQUIRED`], proven by tests/e2e_privileges.rs), on a
 //! read-only root filesystem.
 
 use std::collections::BTreeSet;
@@ -20,8 +20,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use kube_proxy_rs::cli::Cli;
-use kube_proxy_rs::{config, options};
+use kube_proxy_rs::cmd::cli::Cli;
+use kube_proxy_rs::cmd::options;
+use kube_proxy_rs::config;
 
 const NAMESPACE: &str = "kube-system";
 const NAME: &str = "kube-proxy-rs";
@@ -258,12 +259,12 @@ fn assert_least_privilege(c: &Container) {
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]), "{}: drops every capability", c.name);
     let added: Vec<&str> = caps.add.iter().flatten().map(String::as_str).collect();
     let required: Vec<&str> =
-        kube_proxy_rs::capabilities::REQUIRED.iter().map(|r| r.capability.kubernetes_name()).collect();
+        kube_proxy_rs::node::capabilities::REQUIRED.iter().map(|r| r.capability.kubernetes_name()).collect();
     assert_eq!(added, required, "{}: exactly the capabilities the daemon checks for, in its order", c.name);
 }
 
 /// The container's command line as our own parser sees it, `$(NODE_NAME)` expanded.
-fn parse_command(c: &Container) -> kube_proxy_rs::cli::DaemonArgs {
+fn parse_command(c: &Container) -> kube_proxy_rs::cmd::cli::DaemonArgs {
     let argv: Vec<String> = c
         .command
         .iter()
@@ -375,7 +376,7 @@ fn rbac_is_exactly_least_privilege() {
         ("", "nodes", "get"),
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
-        // Events are posted through events.k8s.io/v1 only (src/events.rs).
+        // Events are posted through events.k8s.io/v1 only (src/k8s/events.rs).
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),
     ]

@@ -226,7 +226,10 @@ impl Drop for DaemonProcess {
 /// Creates the accounting objects the daemon makes before its rules name them (releases
 /// 1.31+; `render` assumes they exist), so a rendered payload restores into `ns`.
 pub fn create_nfacct_objects(ns: &Netns) {
-    for name in [kube_proxy_rs::nfacct::CT_STATE_INVALID_DROPPED, kube_proxy_rs::nfacct::LOCALHOST_NODEPORTS_ACCEPTED] {
+    for name in [
+        kube_proxy_rs::node::nfacct::CT_STATE_INVALID_DROPPED,
+        kube_proxy_rs::node::nfacct::LOCALHOST_NODEPORTS_ACCEPTED,
+    ] {
         ns.ok(&["nfacct", "add", name]);
     }
 }

@@ -51,8 +51,11 @@ pub fn upstream_interfaces() -> Vec<std::net::IpAddr> {
 
 /// A proxier shared the way the daemon shares it (for event-driven tests), on the fake
 /// iptables, with an idle runner whose handle records sync requests.
-pub fn shared_test_proxier()
--> (kube_proxy_rs::sync_loop::SharedProxier, Arc<FakeIptables>, kube_proxy_rs::runner::BoundedFrequencyRunner) {
+pub fn shared_test_proxier() -> (
+    kube_proxy_rs::daemon::sync_loop::SharedProxier,
+    Arc<FakeIptables>,
+    kube_proxy_rs::daemon::runner::BoundedFrequencyRunner,
+) {
     let ipt = Arc::new(FakeIptables::new(IpFamily::V4));
     let cfg = ProxierConfig {
         render: upstream_render_config(IpFamily::V4),
@@ -64,9 +67,13 @@ pub fn shared_test_proxier()
         ipt.clone(),
         Arc::new(StaticInterfaces(upstream_interfaces())),
     )));
-    let runner =
-        kube_proxy_rs::runner::BoundedFrequencyRunner::new("test", Duration::ZERO, Duration::from_secs(3600), 2)
-            .expect("runner");
+    let runner = kube_proxy_rs::daemon::runner::BoundedFrequencyRunner::new(
+        "test",
+        Duration::ZERO,
+        Duration::from_secs(3600),
+        2,
+    )
+    .expect("runner");
     (proxier, ipt, runner)
 }
 
@@ -100,7 +107,7 @@ impl TestProxier {
     }
 
     /// The same proxier, clearing stale conntrack entries through `ct`.
-    pub fn with_conntrack(self, ct: Arc<dyn kube_proxy_rs::conntrack::Conntrack>) -> Self {
+    pub fn with_conntrack(self, ct: Arc<dyn kube_proxy_rs::node::conntrack::Conntrack>) -> Self {
         let TestProxier { proxier, ipt, now } = self;
         TestProxier { proxier: proxier.with_conntrack(ct), ipt, now }
     }
@@ -159,8 +166,8 @@ impl TestProxier {
 /// that runs `handle`.
 #[allow(dead_code)]
 pub fn proxier_set_member(
-    proxier: &kube_proxy_rs::sync_loop::SharedProxier,
-    handle: kube_proxy_rs::runner::RunnerHandle,
+    proxier: &kube_proxy_rs::daemon::sync_loop::SharedProxier,
+    handle: kube_proxy_rs::daemon::runner::RunnerHandle,
 ) -> (Arc<dyn kube_proxy_rs::k8s::ChangeSink>, kube_proxy_rs::k8s::SyncRequest) {
     let recorder = proxier.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recorder();
     (recorder, Arc::new(move || handle.run()))

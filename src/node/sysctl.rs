@@ -652,7 +652,7 @@ mod tests {
         let out = std::process::Command::new("unshare")
             .arg("--net")
             .arg(&exe)
-            .args(["--exact", "sysctl::tests::netns_child", "--ignored", "--nocapture", "--test-threads=1"])
+            .args(["--exact", "node::sysctl::tests::netns_child", "--ignored", "--nocapture", "--test-threads=1"])
             .env(NETNS_CHILD_ENV, "1")
             .output()
             .expect("failed to run unshare (util-linux)");

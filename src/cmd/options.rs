@@ -29,7 +29,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::cli::DaemonArgs;
+use crate::cmd::cli::DaemonArgs;
 use crate::config::{self, ConfigError, FieldError, FieldErrorKind, KubeProxyConfiguration, append_port_if_needed};
 
 /// Upstream `ports.ProxyHealthzPort`, the default of `--healthz-port`.
@@ -477,7 +477,7 @@ fn diff_values(prefix: &str, a: &serde_yaml::Value, b: &serde_yaml::Value, out: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Cli;
+    use crate::cmd::cli::Cli;
     use crate::config::GoDuration;
     use clap::Parser;
 

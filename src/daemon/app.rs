@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cleanup::cleanup_leftovers;
 use crate::exec::{Exec, RealExec};
 use crate::iptables::Iptables;
 use crate::iptables::runner::{IptablesRunner, RunnerOptions, detect_backend};
 use crate::model::IpFamily;
+use crate::proxier::cleanup::cleanup_leftovers;
 
 /// Longest any single iptables command may take, so that a wedged binary cannot hold a
 /// family's sync loop (upstream sets no bound at all). The longest single command measured at
@@ -83,9 +83,9 @@ pub enum AppError {
     #[error(transparent)]
     TaskEnded(crate::daemon::tasks::TaskEnded),
     #[error(transparent)]
-    Capabilities(#[from] crate::capabilities::CapabilityError),
+    Capabilities(#[from] crate::node::capabilities::CapabilityError),
     #[error("--init-only: failed to apply conntrack settings: {0}")]
-    InitConntrack(crate::sysctl::SysctlError),
+    InitConntrack(crate::node::sysctl::SysctlError),
 }
 
 /// The OS hostname as upstream's `GetHostname` normalises it.
@@ -113,10 +113,10 @@ pub fn run_daemon(
     // Before any iptables command, so too few capabilities fail here, naming the missing one.
     // `--init-only` runs privileged (it writes /proc/sys); its failures name the sysctl.
     if !init_only {
-        crate::capabilities::check_this_process()?;
+        crate::node::capabilities::check_this_process()?;
     }
     // Before any thread or socket exists, as Go's runtime does it for upstream.
-    crate::fd_limit::raise_open_file_limit(&crate::fd_limit::ProcessOpenFileLimit);
+    crate::node::fd_limit::raise_open_file_limit(&crate::node::fd_limit::ProcessOpenFileLimit);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(AppError::Runtime)?;
     let config_json = serde_json::to_value(cfg).unwrap_or(serde_json::Value::Null);
     runtime.block_on(daemon_main(
@@ -128,34 +128,17 @@ pub fn run_daemon(
     ))
 }
 
-/// Upstream waits for its Node for a while to learn the node IPs; so do we (about 30 s).
-async fn fetch_node(client: &kube::Client, name: &str) -> Option<k8s_openapi::api::core::v1::Node> {
-    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
-    let mut delay = Duration::from_millis(500);
-    for _ in 0..8 {
-        match api.get_opt(name).await {
-            Ok(Some(node)) => return Some(node),
-            Ok(None) => tracing::info!(node = name, "node not found yet"),
-            Err(e) => tracing::info!(node = name, error = %e, "failed to get node"),
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(8));
-    }
-    tracing::warn!(node = name, "could not get this node; assuming loopback node IPs (set --bind-address if wrong)");
-    None
-}
-
 /// How a server that cannot bind is reported: a Warning with `reason` on this Node, raised on
 /// every retry (the recorder folds the repeats into one series).
 struct BindFailure<'a> {
-    events: &'a dyn crate::events::EventRecorder,
+    events: &'a dyn crate::k8s::events::EventRecorder,
     node: &'a str,
     reason: &'static str,
 }
 
 impl BindFailure<'_> {
     fn report(&self, what: &str, addr: std::net::SocketAddr, error: &dyn std::fmt::Display) {
-        use crate::events::{ACTION_START, EventType, node_ref};
+        use crate::k8s::events::{ACTION_START, EventType, node_ref};
         let note = format!("failed to start {what} on {addr}: {error}");
         self.events.record(node_ref(self.node), EventType::Warning, self.reason, ACTION_START, &note);
     }
@@ -197,13 +180,13 @@ async fn daemon_main(
     let shutdown = CancellationToken::new();
     // Watch the config file from before anything else is read.
     let watcher = match &config_path {
-        Some(p) => crate::config_watch::ConfigWatcher::new(p, crate::config_watch::DEFAULT_POLL_INTERVAL).ok(),
+        Some(p) => crate::config::watch::ConfigWatcher::new(p, crate::config::watch::DEFAULT_POLL_INTERVAL).ok(),
         None => None,
     };
     let client = crate::k8s::client::build(settings.client.kubeconfig.as_deref(), master.as_deref()).await?;
     let hostname = settings.hostname_override.clone().unwrap_or_else(os_hostname);
     tracing::info!(hostname = %hostname, "starting kube-proxy-rs");
-    let mut node = fetch_node(&client, &hostname).await;
+    let mut node = crate::k8s::list::wait_for_node(&client, &hostname).await;
     let node_cidr_mode = settings.detect_local == crate::config::DetectLocal::NodeCidr;
     if node_cidr_mode && !node.as_ref().is_some_and(crate::k8s::pod_cidr::has_pod_cidrs) {
         tracing::info!(hostname = %hostname, "watching for node, awaiting podCIDR allocation");
@@ -211,25 +194,25 @@ async fn daemon_main(
             crate::k8s::pod_cidr::wait_for_pod_cidrs(&client, &hostname, crate::k8s::pod_cidr::POD_CIDR_WAIT).await?;
         node = Some(n);
     }
-    let (recorder, events_task) = crate::events::KubeEventRecorder::start(
+    let (recorder, events_task) = crate::k8s::events::KubeEventRecorder::start(
         client.clone(),
-        crate::events::reporting_instance(&os_hostname()),
-        crate::events::EventOptions::default(),
+        crate::k8s::events::reporting_instance(&os_hostname()),
+        crate::k8s::events::EventOptions::default(),
         shutdown.clone(),
     );
-    let events: Arc<dyn crate::events::EventRecorder> = recorder;
+    let events: Arc<dyn crate::k8s::events::EventRecorder> = recorder;
 
     let exec: Arc<dyn Exec> = Arc::new(RealExec);
     let mut runners = iptables_runners(exec.clone()).into_iter();
     let v4: Arc<dyn Iptables> = Arc::new(runners.next().ok_or_else(|| AppError::Config("no iptables runner".into()))?);
     let v6: Arc<dyn Iptables> = Arc::new(runners.next().ok_or_else(|| AppError::Config("no ip6tables runner".into()))?);
-    let sysctl: Arc<dyn crate::sysctl::Sysctl> = Arc::new(crate::sysctl::ProcSysctl::new());
+    let sysctl: Arc<dyn crate::node::sysctl::Sysctl> = Arc::new(crate::node::sysctl::ProcSysctl::new());
     let interfaces: Arc<dyn crate::proxier::NetworkInterfaces> = Arc::new(HostInterfaces);
-    match crate::sysctl::apply_conntrack_settings(
+    match crate::node::sysctl::apply_conntrack_settings(
         sysctl.as_ref(),
-        &crate::sysctl::RealConntrackSysfs::default(),
+        &crate::node::sysctl::RealConntrackSysfs::default(),
         &settings.conntrack,
-        crate::sysctl::detect_num_cpu(),
+        crate::node::sysctl::detect_num_cpu(),
     ) {
         Ok(outcome) => crate::daemon::report_conntrack_outcome(&outcome, &hostname, events.as_ref()),
         // Setting these is what the init container is for; the daemon carries on as before.
@@ -241,8 +224,8 @@ async fn daemon_main(
         iptables_v6: Some(v6),
         sysctl,
         interfaces: interfaces.clone(),
-        conntrack: Some(Arc::new(crate::conntrack::ExecConntrack::new(exec.clone()))),
-        nfacct: Some(Arc::new(crate::nfacct::ExecNfacct::new(exec))),
+        conntrack: Some(Arc::new(crate::node::conntrack::ExecConntrack::new(exec.clone()))),
+        nfacct: Some(Arc::new(crate::node::nfacct::ExecNfacct::new(exec))),
         events: events.clone(),
     };
     let daemon = Daemon::build(&settings, hostname.clone(), node.as_ref(), &deps)?;
@@ -250,16 +233,19 @@ async fn daemon_main(
         tracing::info!("system initialized and --init-only specified");
         return Ok(());
     }
-    crate::oom::apply_oom_score_adj(&crate::oom::ProcOomScoreAdjuster::default(), settings.oom_score_adj);
+    crate::node::oom::apply_oom_score_adj(&crate::node::oom::ProcOomScoreAdjuster::default(), settings.oom_score_adj);
 
     let mut servers = Vec::new();
     let healthz_failure = BindFailure {
         events: events.as_ref(),
         node: &hostname,
-        reason: crate::events::REASON_FAILED_PROXIER_HEALTHCHECK,
+        reason: crate::k8s::events::REASON_FAILED_PROXIER_HEALTHCHECK,
     };
-    let metrics_failure =
-        BindFailure { events: events.as_ref(), node: &hostname, reason: crate::events::REASON_FAILED_METRIC_SERVER };
+    let metrics_failure = BindFailure {
+        events: events.as_ref(),
+        node: &hostname,
+        reason: crate::k8s::events::REASON_FAILED_METRIC_SERVER,
+    };
     if let Some(addr) = settings.healthz_bind_address
         && let Some(l) =
             bind_or_retry("healthz server", addr, settings.bind_address_hard_fail, &healthz_failure, &shutdown).await?
@@ -337,7 +323,7 @@ async fn daemon_main(
 
 /// Waits for SIGTERM/SIGINT (→ `None`) or a config file change (→ its message).
 async fn wait_for_stop(
-    watcher: Option<&crate::config_watch::ConfigWatcher>,
+    watcher: Option<&crate::config::watch::ConfigWatcher>,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Option<String> {
     let config_changed = async {

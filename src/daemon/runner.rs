@@ -22,6 +22,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::time::instant_after;
+
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -31,12 +33,6 @@ pub enum RunnerError {
     IntervalOrder { name: String, min: Duration, max: Duration },
     #[error("{name}: burst must be at least 1")]
     ZeroBurst { name: String },
-}
-
-/// `now + d`, saturating at a far-future instant instead of overflowing on absurd durations.
-pub(crate) fn instant_after(now: Instant, d: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    now.checked_add(d).or_else(|| now.checked_add(CENTURY)).unwrap_or(now)
 }
 
 /// A token bucket holding up to `burst` tokens, refilled at one token per `period`, kept as

@@ -8,6 +8,8 @@
 //! and the field path. (Upstream falls back to lenient decoding with a logged warning for
 //! v1alpha1; we do not.)
 
+pub mod watch;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};

@@ -369,8 +369,8 @@ pub fn deleted_count(output: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conntrack::FakeConntrack;
     use crate::model::{EndpointInfo, NamespacedName, ServicePortName};
+    use crate::node::conntrack::FakeConntrack;
     use crate::tracker::testing::service;
     use crate::tracker::{EndpointsMap, ServiceChangeTracker, ServicePortMap};
     use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! of Go's `strconv.ParseBool` spellings), integers take Go's base prefixes (`0x10`, `010`),
 //! durations are Go durations (`30s`, `1m30s`), and list flags are comma-separated and may be
 //! repeated. Every flag that sets a configuration field is an `Option` (or an empty `Vec`) when
-//! absent, so [`crate::options`] can tell "given" from "defaulted" and apply upstream's
+//! absent, so [`crate::cmd::options`] can tell "given" from "defaulted" and apply upstream's
 //! precedence between `--config` and flags.
 
 use std::collections::BTreeMap;
@@ -40,7 +40,7 @@ pub struct Cli {
 /// Precedence (upstream's): without `--config`, every flag given overrides the built-in
 /// default. With `--config`, the file replaces all configuration flags except
 /// `--hostname-override` and the logging flags (`-v`, `--vmodule`, `--logging-format`,
-/// `--log-flush-frequency`), which still override it; see `crate::options`.
+/// `--log-flush-frequency`), which still override it; see `crate::cmd::options`.
 #[derive(Debug, Args, Default, Clone)]
 pub struct DaemonArgs {
     // ---- Program mode --------------------------------------------------------------------
@@ -270,9 +270,9 @@ pub enum Command {
     /// Print the iptables-restore input kube-proxy would write for the given cluster state.
     Render(RenderArgs),
     /// Trace a new connection through a node's rules: verdict, destinations, path.
-    Trace(crate::cmd::trace::TraceArgs),
+    Trace(TraceArgs),
     /// Compare the node's rules with what the cluster state renders to (exit 1 if they differ).
-    Diff(crate::cmd::diff::DiffArgs),
+    Diff(DiffArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -512,6 +512,85 @@ pub fn vmodule_flag(s: &str) -> Result<VModuleArg, String> {
         items.push(VModuleItem { file_pattern: (*pattern).to_string(), verbosity });
     }
     Ok(VModuleArg(items))
+}
+
+/// The protocol of a traced packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProtoArg {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Rules to trace through: iptables-save output or iptables-restore input (`-` for
+    /// stdin). Without it and without manifests, the live node's rules.
+    #[arg(long, value_name = "FILE", conflicts_with = "manifests")]
+    pub rules: Option<PathBuf>,
+    /// With manifests: how they are rendered, as for `render`.
+    #[command(flatten)]
+    pub render: RenderOptions,
+    /// YAML manifests to render the rules from, as for `render`.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
+    /// With manifests: a later snapshot, as for `render` (repeatable).
+    #[arg(long = "then", value_name = "MANIFEST", requires = "manifests")]
+    pub then: Vec<PathBuf>,
+    /// The family of the rules (default: the family of --dst).
+    #[arg(long, value_enum)]
+    pub ip_family: Option<IpFamilyArg>,
+    /// An address of the node, for `addrtype LOCAL` (repeatable; default: the live node's
+    /// interface addresses, or with manifests the node's addresses as `render` resolves them).
+    #[arg(long = "local-address", value_name = "IP")]
+    pub local_addresses: Vec<IpAddr>,
+    /// Source address of the packet (one of the node's: locally generated).
+    #[arg(long, value_name = "IP")]
+    pub src: IpAddr,
+    /// Destination address.
+    #[arg(long, value_name = "IP")]
+    pub dst: IpAddr,
+    /// Destination port.
+    #[arg(long, value_name = "PORT")]
+    pub dport: u16,
+    /// Protocol.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub proto: ProtoArg,
+    /// The interface the packet arrives on, for rules matching `-i`.
+    #[arg(long, value_name = "NAME")]
+    pub in_interface: Option<String>,
+    /// The interface the packet leaves by, for rules matching `-o`.
+    #[arg(long, value_name = "NAME")]
+    pub out_interface: Option<String>,
+    /// Print one JSON object: {"verdict", "destinations": [{"address", "probability",
+    /// "masquerade"}], "path": [...]}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// How the manifests are rendered, as for `render`.
+    #[command(flatten)]
+    pub render: RenderOptions,
+    /// Which family's rules to compare.
+    #[arg(long, value_enum, default_value = "ipv4")]
+    pub ip_family: IpFamilyArg,
+    /// The node's rules from a file (iptables-save output of nat and filter) instead of the
+    /// live node.
+    #[arg(long, value_name = "FILE")]
+    pub node_rules: Option<PathBuf>,
+    /// Read the cluster state from the API server with this kubeconfig (default: the config
+    /// file's clientConnection.kubeconfig, else in-cluster), as the daemon does.
+    #[arg(long, value_name = "FILE", conflicts_with = "manifests")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's address (overrides the kubeconfig's), as the daemon's --master.
+    #[arg(long, value_name = "URL", conflicts_with = "manifests")]
+    pub master: Option<String>,
+    /// The cluster state: YAML manifests (Services, EndpointSlices, Nodes), as for `render`.
+    /// Without any, the state is read from the API server.
+    #[arg(value_name = "MANIFEST")]
+    pub manifests: Vec<PathBuf>,
 }
 
 #[cfg(test)]

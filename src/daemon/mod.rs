@@ -6,6 +6,9 @@
 //! recorder included) so the assembly is tested with fakes; `app` wires the real ones, the
 //! API watches and the servers.
 
+pub mod app;
+pub mod runner;
+pub mod sync_loop;
 pub mod tasks;
 
 use std::collections::BTreeMap;
@@ -17,27 +20,27 @@ use k8s_openapi::api::core::v1::Node;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DetectLocal, Settings};
-use crate::conntrack::Conntrack;
-use crate::events::{
+use crate::daemon::sync_loop::{SharedProxier, SyncLoop, lock};
+use crate::iptables::Iptables;
+use crate::k8s::ProxierSet;
+use crate::k8s::events::{
     ACTION_LISTEN, ACTION_START, EventRecorder, EventType, REASON_FAILED_SERVICE_HEALTHCHECK, REASON_STARTING,
     node_ref, service_ref,
 };
-use crate::iptables::Iptables;
-use crate::k8s::ProxierSet;
 use crate::metrics::Metrics;
 use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
-use crate::nfacct::Nfacct;
+use crate::node::conntrack::Conntrack;
+use crate::node::nfacct::Nfacct;
+use crate::node::sysctl::{
+    ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, conntrack_tcp_be_liberal,
+    ensure_route_localnet,
+};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, ServiceHealthState, SyncReport};
 use crate::serve::health::{ProxierHealthServer, SystemClock};
 use crate::serve::healthcheck::{ServiceHealthServer, listen_addresses};
-use crate::sync_loop::{SharedProxier, SyncLoop, lock};
-use crate::sysctl::{
-    ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, conntrack_tcp_be_liberal,
-    ensure_route_localnet,
-};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -46,7 +49,7 @@ pub enum DaemonError {
     #[error("failed to set up sysctl {name}: {reason}")]
     Sysctl { name: &'static str, reason: String },
     #[error("failed to create the sync loop: {0}")]
-    Runner(#[from] crate::runner::RunnerError),
+    Runner(#[from] crate::daemon::runner::RunnerError),
     #[error("failed to create metrics: {0}")]
     Metrics(#[from] crate::metrics::MetricsError),
 }

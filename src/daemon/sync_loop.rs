@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::daemon::runner::{BoundedFrequencyRunner, RunnerError, RunnerHandle};
 use crate::iptables::Iptables;
 use crate::iptables::monitor::{CANARY_TABLES, CanaryMonitor, Sentinel};
 use crate::iptables::{CHAIN_FORWARD, CHAIN_PREROUTING, Table};
 use crate::model::IpFamily;
-use crate::proxier::chains::{KUBE_FORWARD, KUBE_PROXY_CANARY, KUBE_SERVICES};
+use crate::model::chains::{KUBE_FORWARD, KUBE_PROXY_CANARY, KUBE_SERVICES};
 use crate::proxier::{JUMP_CHAINS, Proxier, SyncOutcome, SyncReport};
-use crate::runner::{BoundedFrequencyRunner, RunnerError, RunnerHandle};
 
 /// Syncs allowed back to back before `min_sync_period` applies (upstream's `burstSyncs`).
 pub const BURST_SYNCS: u32 = 2;

@@ -25,8 +25,8 @@ use std::collections::{BTreeSet, HashSet};
 
 use crate::iptables::runner::is_not_found;
 use crate::iptables::{FlushFlag, Iptables, IptablesError, RestoreCounters, Table, save};
+use crate::model::chains;
 use crate::proxier::JUMP_CHAINS;
-use crate::proxier::chains;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CleanupError {
