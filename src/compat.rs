@@ -63,6 +63,22 @@ impl Release {
         self >= Release::V1_33
     }
 
+    /// Whether Service external IPs, load-balancer ingress IPs and source ranges are parsed
+    /// (`net.IP` / `*net.IPNet`, Kubernetes' lenient parser) and written into rules in Go's
+    /// canonical text (PR #122630, 1.30): `010.1.2.3` becomes `10.1.2.3`, `198.18.7.1/16`
+    /// becomes `198.18.0.0/16`, IPv6 is compressed. 1.29 writes the strings as given.
+    pub fn writes_canonical_service_addresses(self) -> bool {
+        self >= Release::V1_30
+    }
+
+    /// Whether EndpointSlice addresses are parsed leniently and written canonically, in the
+    /// DNAT target, the `-s` hairpin match and the endpoint chain's hash (`010.244.1.6` is
+    /// `10.244.1.6`). Upstream's `TestBadIPs` (PR #126203, 1.31) found that endpoint
+    /// addresses were still used as written and fixed it.
+    pub fn writes_canonical_endpoint_addresses(self) -> bool {
+        self >= Release::V1_31
+    }
+
     /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
     pub fn accepts_primary_node_port_addresses(self) -> bool {
         self >= Release::V1_31
@@ -321,6 +337,15 @@ mod tests {
         assert!(err.to_string().contains("locked to true in Kubernetes 1.32"), "{err}");
         let err = Features::resolve(Release::V1_29, &gates(&[("ServiceTrafficDistribution", true)])).unwrap_err();
         assert_eq!(err, CompatError::UnknownInRelease { gate: "ServiceTrafficDistribution", release: Release::V1_29 });
+    }
+
+    #[test]
+    fn canonical_service_addresses_arrive_in_1_30() {
+        assert!(!Release::V1_29.writes_canonical_service_addresses());
+        assert!(Release::V1_30.writes_canonical_service_addresses());
+        assert!(Release::NEWEST.writes_canonical_service_addresses());
+        assert!(!Release::V1_30.writes_canonical_endpoint_addresses());
+        assert!(Release::V1_31.writes_canonical_endpoint_addresses());
     }
 
     #[test]

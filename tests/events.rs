@@ -7,6 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
 use kube_proxy_rs::config::{KubeProxyConfiguration, Settings};
@@ -37,7 +38,13 @@ fn daemon(events: Arc<FakeEventRecorder>, dual_stack: bool) -> Daemon {
 
 /// [`daemon`], with its IPv4 rules in `v4`.
 fn daemon_on(events: Arc<FakeEventRecorder>, dual_stack: bool, v4: Arc<FakeIptables>) -> Daemon {
-    let mut settings = Settings::from_config(&KubeProxyConfiguration::default()).expect("default settings");
+    daemon_of_release(events, dual_stack, v4, "")
+}
+
+/// [`daemon_on`] behaving as `release` (`compatibilityVersion`; empty: the newest).
+fn daemon_of_release(events: Arc<FakeEventRecorder>, dual_stack: bool, v4: Arc<FakeIptables>, release: &str) -> Daemon {
+    let config = KubeProxyConfiguration { compatibility_version: release.into(), ..KubeProxyConfiguration::default() };
+    let mut settings = Settings::from_config(&config).expect("default settings");
     settings.min_sync_period = Duration::from_millis(50);
     let v6 = Arc::new(FakeIptables::new(IpFamily::V6));
     v6.set_present(dual_stack);
@@ -200,17 +207,9 @@ fn an_endpoint_slice_without_a_service_is_warned_about_once() {
     assert_eq!(events.records().len(), 1);
 }
 
-/// Address spellings a 1.29-era API server accepts but iptables rejects or reads as octal are
-/// skipped: each one raises a Warning on its object, naming the field and what it means,
-/// while the rest of the object is still used.
-#[test]
-fn addresses_not_in_canonical_form_are_warned_about_on_their_objects() {
-    let events = Arc::new(FakeEventRecorder::new());
-    let v4 = Arc::new(FakeIptables::new(IpFamily::V4));
-    let d = daemon_on(events.clone(), true, v4.clone());
-    let set = d.proxier_set();
-    let mut services = ServiceEvents::with_events(events.clone());
-    let mut slices = SliceEvents::with_events(events.clone());
+/// A Service and a slice with address spellings a 1.29-era API server accepts but iptables
+/// rejects or reads as octal.
+fn oddly_spelled_objects() -> (Service, EndpointSlice) {
     let lb = svc("ns1", "lb")
         .type_("LoadBalancer")
         .cluster_ips(&["172.30.0.5", "fd00:30::5"])
@@ -220,15 +219,36 @@ fn addresses_not_in_canonical_form_are_warned_about_on_their_objects() {
         .source_ranges(&["203.0.113.0/24", "10.0.0.0/08", "fd00::/08"])
         .build();
     let web = slice("ns1", "lb", "lb-1").tcp("http", 8080).ips(&["10.0.1.5", "010.244.1.6", "10.244.1.09"]).build();
+    (lb, web)
+}
+
+/// Feeds `lb` and `web` through the watches' event handling and syncs; returns the Warning
+/// notes raised, as (object, note).
+fn warnings_for(d: &Daemon, events: &Arc<FakeEventRecorder>, lb: Service, web: EndpointSlice) -> Vec<(String, String)> {
+    let set = d.proxier_set();
+    let mut services = ServiceEvents::with_events(events.clone());
+    let mut slices = SliceEvents::with_events(events.clone());
     for e in [Event::Init, Event::InitApply(with_version(lb, "uid-lb", "1")), Event::InitDone] {
         services.handle(e, &set);
     }
     for e in [Event::Init, Event::InitApply(with_version(web, "uid-web", "1")), Event::InitDone] {
         slices.handle(e, &set);
     }
-    sync_all(&d);
-    let notes: Vec<(String, String)> =
-        events.records().into_iter().map(|r| (r.regarding.name.unwrap_or_default(), r.note)).collect();
+    sync_all(d);
+    assert!(events.records().iter().all(|r| r.type_ == EventType::Warning));
+    events.records().into_iter().map(|r| (r.regarding.name.unwrap_or_default(), r.note)).collect()
+}
+
+/// 1.29 writes these strings verbatim, so kube-proxy-rs skips the ones not spelled
+/// canonically: each raises a Warning on its object, naming the field and what it means,
+/// while the rest of the object is still used.
+#[test]
+fn addresses_not_in_canonical_form_are_warned_about_on_their_objects() {
+    let events = Arc::new(FakeEventRecorder::new());
+    let v4 = Arc::new(FakeIptables::new(IpFamily::V4));
+    let d = daemon_of_release(events.clone(), true, v4.clone(), "1.29");
+    let (lb, web) = oddly_spelled_objects();
+    let notes = warnings_for(&d, &events, lb, web);
     let expected = [
         ("lb", "service ns1/lb: spec.externalIPs: \"010.1.1.1\" is not in canonical form (it means 10.1.1.1); skipped"),
         (
@@ -254,7 +274,6 @@ fn addresses_not_in_canonical_form_are_warned_about_on_their_objects() {
     ];
     let expected: Vec<(String, String)> = expected.iter().map(|(o, n)| ((*o).to_owned(), (*n).to_owned())).collect();
     assert_eq!(notes, expected);
-    assert!(events.records().iter().all(|r| r.type_ == EventType::Warning));
 
     // What remains is used: the canonical external IP, ingress IP, range and endpoint.
     let nat = v4.save_all();
@@ -262,6 +281,37 @@ fn addresses_not_in_canonical_form_are_warned_about_on_their_objects() {
         assert!(nat.contains(present), "{present} missing:\n{nat}");
     }
     for absent in ["010.1.1.1", "8.1.1.1", "10.1.1.1", "203.0.113.11", "10.0.0.0", "244.1.6", "244.1.9"] {
+        assert!(!nat.contains(absent), "{absent} must not be programmed:\n{nat}");
+    }
+}
+
+/// From 1.30 upstream parses Service addresses, from 1.31 EndpointSlice addresses too, and
+/// writes them canonically (upstream-versions.md rows 14, 15): the same objects raise no
+/// Warning and every address is programmed in canonical form.
+#[test]
+fn from_1_31_addresses_are_written_canonically_without_warnings() {
+    let events = Arc::new(FakeEventRecorder::new());
+    let v4 = Arc::new(FakeIptables::new(IpFamily::V4));
+    let d = daemon_on(events.clone(), true, v4.clone());
+    let (lb, web) = oddly_spelled_objects();
+    let notes = warnings_for(&d, &events, lb, web);
+    assert!(notes.is_empty(), "{notes:#?}");
+
+    let nat = v4.save_all();
+    for present in [
+        "-d 10.1.1.1 ",
+        "-d 203.0.113.9 ",
+        "-d 203.0.113.10 ",
+        "-d 203.0.113.11 ",
+        "-s 10.0.0.0/8 ",
+        "-s 203.0.113.0/24",
+        "10.0.1.5:8080",
+        "--to-destination 10.244.1.6:8080",
+        "--to-destination 10.244.1.9:8080",
+    ] {
+        assert!(nat.contains(present), "{present} missing:\n{nat}");
+    }
+    for absent in ["010.", "::ffff:", "/08", "1.09"] {
         assert!(!nat.contains(absent), "{absent} must not be programmed:\n{nat}");
     }
 }

@@ -162,6 +162,8 @@ macro_rules! golden_scenarios {
 }
 
 golden_scenarios! {
+    bad_ips_1_31 => "bad-ips-1.31",
+    canonical_addresses => "canonical-addresses",
     clusterip_probabilities => "clusterip-probabilities",
     detect_local_bridge => "detect-local-bridge",
     detect_local_cluster_cidr => "detect-local-cluster-cidr",

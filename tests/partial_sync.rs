@@ -54,17 +54,25 @@ fn random_service(rng: &mut Rng, i: usize, family: IpFamily) -> Service {
         0 => b = b.type_("ClusterIP").tcp("p80", 80),
         1 => b = b.type_("NodePort").node_port("p80", 80, np),
         _ => {
-            let lb = match family {
-                IpFamily::V4 => format!("203.0.113.{}", i + 1),
-                IpFamily::V6 => format!("fd00:99::{:x}", i + 1),
+            // Addresses are sometimes spelled the lenient way Kubernetes accepts: written
+            // canonically from 1.30 on, skipped (IPv4) or kept as written (IPv6) by 1.29, so
+            // an update may change only the spelling.
+            let lb = match (family, rng.chance(30)) {
+                (IpFamily::V4, false) => format!("203.0.113.{}", i + 1),
+                (IpFamily::V4, true) => format!("203.0.113.{:03}", i + 1),
+                (IpFamily::V6, false) => format!("fd00:99::{:x}", i + 1),
+                (IpFamily::V6, true) => format!("FD00:99:0:0::{:04x}", i + 1),
             };
             b = b.type_("LoadBalancer").node_port("p80", 80, np);
             // ipMode Proxy drops the IP from 1.30 on (ignored by 1.29).
             b = if rng.chance(30) { b.lb_ingress_modes(&[(&lb, "Proxy")]) } else { b.lb_ingress(&[&lb]) };
             if rng.chance(50) {
-                let range = match family {
-                    IpFamily::V4 => "198.18.0.0/15",
-                    IpFamily::V6 => "fd00:77::/64",
+                let range = match (family, rng.chance(30)) {
+                    (IpFamily::V4, false) => "198.18.0.0/15",
+                    // Host bits set: 198.18.0.0/15 from 1.30 on.
+                    (IpFamily::V4, true) => "198.19.7.1/15",
+                    (IpFamily::V6, false) => "fd00:77::/64",
+                    (IpFamily::V6, true) => "fd00:77::1/64",
                 };
                 b = b.source_ranges(&[range]);
             }
@@ -74,9 +82,11 @@ fn random_service(rng: &mut Rng, i: usize, family: IpFamily) -> Service {
         b = b.port("dns", "UDP", 53, 0);
     }
     if rng.chance(25) {
-        let ext = match family {
-            IpFamily::V4 => format!("198.19.0.{}", i + 1),
-            IpFamily::V6 => format!("fd00:88::{:x}", i + 1),
+        let ext = match (family, rng.chance(30)) {
+            (IpFamily::V4, false) => format!("198.19.0.{}", i + 1),
+            (IpFamily::V4, true) => format!("::ffff:198.19.0.{}", i + 1),
+            (IpFamily::V6, false) => format!("fd00:88::{:x}", i + 1),
+            (IpFamily::V6, true) => format!("fd00:88:0::{:x}", i + 1),
         };
         b = b.external_ips(&[&ext]);
     }
@@ -108,9 +118,12 @@ fn random_slice(rng: &mut Rng, i: usize, part: usize, family: IpFamily) -> Endpo
     for _ in 0..rng.below(4) {
         // A small address pool, so endpoints collide across slices and move between them.
         let host = rng.below(6) + 1;
-        let ip = match family {
-            IpFamily::V4 => format!("10.{}.0.{host}", i + 1),
-            IpFamily::V6 => format!("fd00:10::{:x}:{host}", i + 1),
+        // Sometimes spelled with leading zeros: skipped by 1.29 and 1.30, the same endpoint
+        // as the canonical spelling from 1.31 (so it collides with it).
+        let ip = match (family, rng.chance(20)) {
+            (IpFamily::V4, false) => format!("10.{}.0.{host}", i + 1),
+            (IpFamily::V4, true) => format!("10.{:03}.0.{host:02}", i + 1),
+            (IpFamily::V6, _) => format!("fd00:10::{:x}:{host}", i + 1),
         };
         let mut e: Ep = ep(&ip);
         e = match rng.below(3) {

@@ -167,19 +167,37 @@ endpoints:
 - addresses: ["fd00:10::7"]
 "#;
 
-/// Renders [`HOSTILE_ADDRESSES`] for `family`: (stdout payload, stderr).
-fn render_hostile(family: &str) -> (String, String) {
-    render_manifest("addresses", HOSTILE_ADDRESSES, family)
+/// Renders [`HOSTILE_ADDRESSES`] for `family` as `release`: (stdout payload, stderr).
+fn render_hostile(family: &str, release: &str) -> (String, String) {
+    render_manifest(&format!("addresses-{release}"), HOSTILE_ADDRESSES, family, &["--compatibility-version", release])
 }
 
-/// Renders the manifest `yaml` for `family` as node-a: (the first sync's payload, stderr).
-fn render_manifest(name: &str, yaml: &str, family: &str) -> (String, String) {
+/// Restores the IPv4 and IPv6 payloads into a fresh network namespace with each iptables
+/// backend; returns each backend's saved nat table.
+fn restore_in_kernel(name: &str, v4: &str, v6: &str) -> Vec<(&'static str, String)> {
+    let mut saved = Vec::new();
+    for backend in ["nft", "legacy"] {
+        let ns = Netns::create(&format!("{name}-{backend}"));
+        crate::support::e2e::create_nfacct_objects(&ns);
+        for (tool, payload) in [("iptables", v4), ("ip6tables", v6)] {
+            let out = ns.run_with_stdin(&[&format!("{tool}-{backend}-restore"), "--noflush"], payload);
+            assert!(out.success(), "{tool}-{backend}: payload rejected: {}\n{payload}", out.combined());
+        }
+        saved.push((backend, ns.ok(&[&format!("iptables-{backend}-save"), "-t", "nat"])));
+    }
+    saved
+}
+
+/// Renders the manifest `yaml` for `family` as node-a, with `extra` arguments: (the first
+/// sync's payload, stderr).
+fn render_manifest(name: &str, yaml: &str, family: &str, extra: &[&str]) -> (String, String) {
     let dir = std::env::temp_dir().join(format!("kpr-hostile-{name}-{family}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
     let file = dir.join("cluster.yaml");
     std::fs::write(&file, yaml).expect("write");
     let out = Command::new(BIN)
         .args(["render", "--hostname-override", "node-a", "--ip-family", family])
+        .args(extra)
         .arg(&file)
         .output()
         .expect("render");
@@ -189,12 +207,13 @@ fn render_manifest(name: &str, yaml: &str, family: &str) -> (String, String) {
     (payload, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// Non-canonical addresses are skipped with a warning naming the object, everything else
-/// of the object is rendered, a firewall never opens up, and the payload is accepted by the
-/// real iptables-restore (nft and legacy) — with upstream 1.29 it is rejected as a whole.
+/// As 1.29 (which writes Service addresses verbatim), non-canonical addresses are skipped
+/// with a warning naming the object, everything else of the object is rendered, a firewall
+/// never opens up, and the payload is accepted by the real iptables-restore (nft and legacy)
+/// — with upstream 1.29 it is rejected as a whole.
 #[test]
 fn addresses_not_in_canonical_form_are_skipped_and_the_payload_restores() {
-    let (v4, warnings) = render_hostile("ipv4");
+    let (v4, warnings) = render_hostile("ipv4", "1.29");
     for bad in [
         "08.1.1.1", "010.1.1", "8.1.1.1", "10.1.1.1", "10.1.1.2", "/008", "/08", "/010", "::ffff", "/016", "244.1.5",
         "244.1.9", "244.1.6",
@@ -228,7 +247,7 @@ fn addresses_not_in_canonical_form_are_skipped_and_the_payload_restores() {
     assert!(fw[0].contains("other traffic to ns1/closed:http will be dropped"), "{fw:?}");
     assert!(v4.contains("ns1/closed:http traffic not accepted by KUBE-FW-"), "{v4}");
 
-    let (v6, warnings) = render_hostile("ipv6");
+    let (v6, warnings) = render_hostile("ipv6", "1.29");
     // IPv6 text means the same to ip6tables in any spelling: written as given, as 1.29 does.
     for good in ["-d FD00:99::1 ", "-d fd00:99::2 ", "[FD00:10::5]:8080", "[fd00:10::7]:8080"] {
         assert!(v6.contains(good), "{good} missing:\n{v6}");
@@ -240,15 +259,55 @@ fn addresses_not_in_canonical_form_are_skipped_and_the_payload_restores() {
     assert!(v6.contains("other traffic to ns1/v6:http will be dropped"), "the IPv6 firewall stays:\n{v6}");
 
     require_root!();
-    for backend in ["nft", "legacy"] {
-        let ns = Netns::create(&format!("hostile-{backend}"));
-        crate::support::e2e::create_nfacct_objects(&ns);
-        for (tool, payload) in [("iptables", &v4), ("ip6tables", &v6)] {
-            let out = ns.run_with_stdin(&[&format!("{tool}-{backend}-restore"), "--noflush"], payload);
-            assert!(out.success(), "{tool}-{backend}: payload rejected: {}\n{payload}", out.combined());
-        }
-        let saved = ns.ok(&[&format!("iptables-{backend}-save"), "-t", "nat"]);
+    for (backend, saved) in restore_in_kernel("hostile", &v4, &v6) {
         assert!(!saved.contains("8.1.1.1") && !saved.contains("10.0.0.0/8"), "{backend}: octal reading:\n{saved}");
+    }
+}
+
+/// From 1.30 upstream parses Service addresses (`net.IP`, `*net.IPNet`, leading zeros
+/// decimal) and writes Go's canonical text (upstream-versions.md row 14): the same Services
+/// keep every address, canonically spelled, with no warning about them, and the payload
+/// restores with the decimal meaning (not iptables' octal reading).
+#[test]
+fn from_1_30_service_addresses_are_written_canonically_and_restore() {
+    let (v4, warnings) = render_hostile("ipv4", "1.30");
+    for good in [
+        "-d 8.1.1.1 ",
+        "-d 10.1.1.1 ",
+        "-d 203.0.113.9 ",
+        "-d 10.1.1.2 ",
+        "-d 203.0.113.10 ",
+        "-s 10.0.0.0/8 ",
+        "-s 10.64.0.0/10 ",
+        "-s 203.0.113.0/24 ",
+        "-s 192.168.0.0/16 ",
+    ] {
+        assert!(v4.contains(good), "{good} missing:\n{v4}");
+    }
+    for bad in ["08.1.1.1", "010.1", "/008", "/08 ", "/010", "/016", "::ffff"] {
+        assert!(!v4.contains(bad), "{bad} must not be written:\n{v4}");
+    }
+    for service_text in ["\"08.1.1.1\"", "\"010.1.1.1\"", "\"010.1.1.2\"", "\"10.0.0.0/08\"", "\"192.168.0.0/016\""] {
+        assert!(!warnings.contains(service_text), "{service_text} is written, not skipped:\n{warnings}");
+    }
+    // Slice addresses are still skipped by 1.30; 1.31 writes them canonically too (row 15).
+    assert!(!v4.contains("10.244.1.5:8080") && !v4.contains("10.244.1.9:8080"), "{v4}");
+    let (v4_1_31, warnings) = render_hostile("ipv4", "1.31");
+    for good in ["10.244.1.5:8080", "10.244.1.9:8080", "10.244.1.6:8080", "10.244.1.7:8080"] {
+        assert!(v4_1_31.contains(good), "{good} missing:\n{v4_1_31}");
+    }
+    assert!(!warnings.contains("\"010.244.1.5\""), "{warnings}");
+    let (v6, _) = render_hostile("ipv6", "1.30");
+    for good in ["-d fd00:99::1 ", "-d fd00:99::2 ", "-s fd00::/64 "] {
+        assert!(v6.contains(good), "{good} missing:\n{v6}");
+    }
+    assert!(!v6.contains("FD00:99") && !v6.contains("/064"), "{v6}");
+
+    require_root!();
+    for (backend, saved) in restore_in_kernel("canonical", &v4, &v6) {
+        for meaning in ["10.64.0.0/10", "192.168.0.0/16", "-d 10.1.1.1/32"] {
+            assert!(saved.contains(meaning), "{backend}: {meaning} missing:\n{saved}");
+        }
     }
 }
 
@@ -309,7 +368,7 @@ endpoints: [{addresses: [10.244.9.4]}]
 /// object; the valid service is rendered and the payload restores into a real kernel.
 #[test]
 fn names_that_would_break_the_restore_input_are_skipped() {
-    let (payload, warnings) = render_manifest("names", HOSTILE_NAMES, "ipv4");
+    let (payload, warnings) = render_manifest("names", HOSTILE_NAMES, "ipv4", &[]);
     assert!(!payload.contains("-A INPUT"), "an injected rule:\n{payload}");
     for gone in ["172.30.9.1", "172.30.9.2", "172.30.9.3", "uote", "n s/"] {
         assert!(!payload.contains(gone), "{gone} must not be written:\n{payload}");

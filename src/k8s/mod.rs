@@ -33,8 +33,8 @@ use kube::runtime::watcher::Event;
 use crate::k8s::events::{
     EventRecorder, InvalidObjectReporter, REASON_INVALID_ENDPOINT_SLICE, REASON_INVALID_SERVICE, object_version,
 };
-use crate::model::{NamespacedName, skipped_addresses};
-use crate::tracker::endpoint_slice_cache::{endpoint_slice_keys, skipped_endpoint_addresses};
+use crate::model::NamespacedName;
+use crate::tracker::endpoint_slice_cache::endpoint_slice_keys;
 use crate::tracker::{ChangeRecorder, LABEL_SERVICE_NAME};
 
 /// Label excluding a Service (and its slices) from this proxy.
@@ -59,6 +59,10 @@ pub trait ChangeSink: Send + Sync {
     fn on_endpoint_slices_synced(&self) -> bool;
     /// Why the last recorded state of `service` was rejected, if it was.
     fn invalid_service(&self, service: &NamespacedName) -> Option<String>;
+    /// The addresses of `service` the proxier skips as unwritable (one line each).
+    fn skipped_addresses(&self, service: &Service) -> Vec<String>;
+    /// The endpoints of `slice` the proxier skips for their address (one line each).
+    fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String>;
 }
 
 impl ChangeSink for ChangeRecorder {
@@ -79,6 +83,12 @@ impl ChangeSink for ChangeRecorder {
     }
     fn invalid_service(&self, service: &NamespacedName) -> Option<String> {
         ChangeRecorder::invalid_service(self, service).map(|e| e.to_string())
+    }
+    fn skipped_addresses(&self, service: &Service) -> Vec<String> {
+        ChangeRecorder::skipped_addresses(self, service)
+    }
+    fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String> {
+        ChangeRecorder::skipped_endpoint_addresses(self, slice)
     }
 }
 
@@ -119,6 +129,17 @@ impl ProxierSet {
         }
         out
     }
+
+    /// The addresses of `service` the proxiers skip as unwritable. Every proxier reads the
+    /// Service as the same release, whatever its family, so the first one answers.
+    fn skipped_addresses(&self, service: &Service) -> Vec<String> {
+        self.members.first().map(|(sink, _)| sink.skipped_addresses(service)).unwrap_or_default()
+    }
+
+    /// The endpoints of `slice` the proxiers skip for their address (same release for all).
+    fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String> {
+        self.members.first().map(|(sink, _)| sink.skipped_endpoint_addresses(slice)).unwrap_or_default()
+    }
 }
 
 fn key(meta: &ObjectMeta) -> NamespacedName {
@@ -155,7 +176,7 @@ impl ServiceEvents {
                 proxiers.each(|p| p.on_service(name.clone(), Some(&svc)));
                 if let Some(reporter) = self.invalid.as_mut() {
                     let mut problems = proxiers.invalid_service(&name);
-                    problems.extend(skipped_addresses(&svc));
+                    problems.extend(proxiers.skipped_addresses(&svc));
                     reporter.observe(&name, &object_version(&svc.metadata), &problems, &svc.object_ref(&()));
                 }
             }
@@ -230,7 +251,7 @@ impl SliceEvents {
                     seen.insert(name.clone());
                 }
                 if let Some(reporter) = self.invalid.as_mut() {
-                    let problems = slice_problems(&slice);
+                    let problems = slice_problems(&slice, proxiers);
                     reporter.observe(&name, &object_version(&slice.metadata), &problems, &slice.object_ref(&()));
                 }
                 let service =
@@ -283,12 +304,12 @@ impl SliceEvents {
 
 /// Why the proxiers skip `slice` as a whole, or some of its endpoints (FQDN slices are not for proxies at all, so they
 /// are never invalid here).
-fn slice_problems(slice: &EndpointSlice) -> Vec<String> {
+fn slice_problems(slice: &EndpointSlice, proxiers: &ProxierSet) -> Vec<String> {
     if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
         return Vec::new();
     }
     match endpoint_slice_keys(slice) {
-        Ok(_) => skipped_endpoint_addresses(slice),
+        Ok(_) => proxiers.skipped_endpoint_addresses(slice),
         Err(err) => vec![err.to_string()],
     }
 }

@@ -19,11 +19,23 @@ use super::names::IpFamily;
 /// Parses an IP address the way Kubernetes does: leading zeros in IPv4 octets are read as
 /// decimal, and IPv4-mapped IPv6 addresses become IPv4 (Go treats them as IPv4).
 pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
-    let ip = match s.parse::<IpAddr>() {
-        Ok(ip) => ip,
-        Err(_) => IpAddr::V4(parse_ipv4_leading_zeros(s)?),
-    };
-    Some(normalize(ip))
+    parse_ip_sloppy_raw(s).map(normalize)
+}
+
+/// [`parse_ip_sloppy`] without mapping IPv4-mapped addresses to IPv4 (a CIDR's prefix length
+/// depends on how its address was written). Leading zeros are also accepted in the dotted
+/// tail of an IPv6 address (`::ffff:010.0.0.1`), as Go's forked parser does.
+fn parse_ip_sloppy_raw(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Some((head, tail)) = s.rsplit_once(':')
+        && tail.contains('.')
+    {
+        let v4 = parse_ipv4_leading_zeros(tail)?;
+        return format!("{head}:{v4}").parse::<Ipv6Addr>().ok().map(IpAddr::V6);
+    }
+    parse_ipv4_leading_zeros(s).map(IpAddr::V4)
 }
 
 /// Maps IPv4-mapped IPv6 addresses to IPv4, leaves everything else alone.
@@ -41,16 +53,25 @@ fn parse_ipv4_leading_zeros(s: &str) -> Option<Ipv4Addr> {
     let mut octets = [0u8; 4];
     let mut parts = s.split('.');
     for octet in &mut octets {
-        let part = parts.next()?;
-        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        *octet = part.parse::<u8>().ok()?;
+        *octet = u8::try_from(parse_decimal_leading_zeros(parts.next()?)?).ok()?;
     }
     if parts.next().is_some() {
         return None;
     }
     Some(Ipv4Addr::from(octets))
+}
+
+/// A non-empty run of decimal digits, any number of leading zeros allowed (Go's `dtoi`, as
+/// used by the forked parser for octets and prefix lengths); `None` above 65535.
+fn parse_decimal_leading_zeros(s: &str) -> Option<u16> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let significant = s.trim_start_matches('0');
+    if significant.len() > 5 {
+        return None;
+    }
+    if significant.is_empty() { Some(0) } else { significant.parse().ok() }
 }
 
 /// Why an address or CIDR text cannot be written into rules.
@@ -97,17 +118,10 @@ impl Cidr {
     /// as Go's `net.ParseCIDR` does for the network it returns.
     pub fn parse_sloppy(s: &str) -> Option<Cidr> {
         let (addr, prefix) = s.split_once('/')?;
-        if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) || prefix.len() > 3 {
-            return None;
-        }
-        let prefix: u8 = prefix.parse().ok()?;
-        // A mapped address keeps IPv6 prefix semantics in Go only when written as IPv6; we
-        // accept plain forms only.
-        let ip = match addr.parse::<IpAddr>() {
-            Ok(ip) => ip,
-            Err(_) => IpAddr::V4(parse_ipv4_leading_zeros(addr)?),
-        };
-        Cidr::new(ip, prefix)
+        let prefix = u8::try_from(parse_decimal_leading_zeros(prefix)?).ok()?;
+        // An address written as IPv6 keeps its IPv6 prefix length, even when IPv4-mapped
+        // (see [`Cidr::canonical`]).
+        Cidr::new(parse_ip_sloppy_raw(addr)?, prefix)
     }
 
     /// Parses `addr/prefix` and requires both parts to be spelled canonically: the address as
@@ -129,14 +143,21 @@ impl Cidr {
         Ok(cidr)
     }
 
-    /// The network as Kubernetes reads it, canonically spelled (a mapped IPv6 network with a
-    /// prefix of at least 96 is the IPv4 network it maps).
+    /// The network as Kubernetes reads it, canonically spelled (Go's `IPNet.String()`).
     fn meaning(&self) -> String {
+        self.canonical().to_string()
+    }
+
+    /// The network as Go's `*net.IPNet` holds it: an IPv4-mapped IPv6 network with a prefix
+    /// of at least 96 is the IPv4 network it maps (`::ffff:10.0.0.0/104` is `10.0.0.0/8`),
+    /// which is also how `IPNet.String()` writes it and `IPNet.Contains` matches it.
+    pub fn canonical(self) -> Cidr {
         match self.addr {
-            IpAddr::V6(v6) if self.prefix >= 96 && v6.to_ipv4_mapped().is_some() => {
-                format!("{}/{}", format_ip(&self.addr), self.prefix - 96)
-            }
-            _ => self.to_string(),
+            IpAddr::V6(v6) if self.prefix >= 96 => match v6.to_ipv4_mapped() {
+                Some(v4) => Cidr { addr: IpAddr::V4(v4), prefix: self.prefix - 96 },
+                None => self,
+            },
+            _ => self,
         }
     }
 
@@ -209,6 +230,10 @@ mod tests {
     #[test]
     fn sloppy_ipv4_accepts_leading_zeros() {
         assert_eq!(parse_ip_sloppy("010.001.002.003"), Some("10.1.2.3".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy("0010.01.0002.00003"), Some("10.1.2.3".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy("::ffff:010.0.0.1"), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy("fd00::010.0.0.1"), Some("fd00::a00:1".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy("0256.1.1.1"), None);
         assert_eq!(parse_ip_sloppy("10.1.2"), None);
         assert_eq!(parse_ip_sloppy("256.1.1.1"), None);
         assert_eq!(parse_ip_sloppy("not-an-ip"), None);
@@ -237,6 +262,23 @@ mod tests {
         assert!(Cidr::parse_sloppy("10.0.0.0/33").is_none());
         assert!(Cidr::parse_sloppy("10.0.0.0").is_none());
         assert!(Cidr::parse_sloppy("10.0.0.0/").is_none());
+        // Go's dtoi: leading zeros in octets and prefixes are decimal.
+        assert_eq!(Cidr::parse_sloppy("192.168.010.7/0016").unwrap().to_string(), "192.168.0.0/16");
+        assert!(Cidr::parse_sloppy("10.0.0.0/+8").is_none());
+    }
+
+    #[test]
+    fn cidrs_print_as_go_ipnet_string() {
+        let go = |text: &str| Cidr::parse_sloppy(text).map(|c| c.canonical().to_string());
+        assert_eq!(go("198.18.7.1/16").as_deref(), Some("198.18.0.0/16"));
+        assert_eq!(go("2001:DB8:0:0::1/64").as_deref(), Some("2001:db8::/64"));
+        assert_eq!(go("::ffff:10.1.2.3/104").as_deref(), Some("10.0.0.0/8"));
+        assert_eq!(go("::ffff:203.0.113.9/120").as_deref(), Some("203.0.113.0/24"));
+        // Below /96 the mask cuts into the ::ffff: marker: an IPv6 network.
+        assert_eq!(go("::ffff:10.0.0.0/88").as_deref(), Some("::ff00:0:0/88"));
+        let mapped = Cidr::parse_sloppy("::ffff:10.0.0.0/104").unwrap().canonical();
+        assert_eq!(mapped.family(), IpFamily::V4);
+        assert!(mapped.contains(&"10.9.8.7".parse().unwrap()));
     }
 
     fn not_canonical(text: &str, canonical: &str) -> AddressTextError {

@@ -47,10 +47,12 @@ pub struct SourceRange {
 /// One port of a Service, for the IP family being rendered.
 ///
 /// Every address is validated when the port is built. The cluster IP is in Go's canonical
-/// text form (1.29 holds it as a `net.IP`); external IPs, load-balancer IPs and source
-/// ranges are kept as written in the object, because 1.29 holds them as strings and writes
-/// them into rules verbatim, but only when that text is canonical: other spellings are
-/// skipped (see [`ip::parse_canonical_ip`]).
+/// text form (1.29 holds it as a `net.IP`). External IPs, load-balancer IPs and source
+/// ranges: 1.29 holds them as strings and writes them into rules verbatim, so they are kept
+/// as written, but only when that text is canonical: other spellings are skipped (see
+/// [`ip::parse_canonical_ip`]). From 1.30 upstream parses them (`net.IP`, `*net.IPNet`) and
+/// writes Go's canonical text, so every spelling Kubernetes accepts is kept, canonicalised
+/// ([`crate::compat::Release::writes_canonical_service_addresses`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServicePortInfo {
     pub name: ServicePortName,
@@ -61,9 +63,10 @@ pub struct ServicePortInfo {
     pub protocol: Protocol,
     /// 0 when the port has no node port.
     pub node_port: i32,
-    /// External IPs of this family, as written in `spec.externalIPs`.
+    /// External IPs of this family, as written in `spec.externalIPs` (1.29) or canonical.
     pub external_ips: Vec<String>,
-    /// Load-balancer ingress IPs of this family, as written in the status.
+    /// Load-balancer ingress IPs of this family, as written in the status (1.29) or
+    /// canonical.
     pub load_balancer_ips: Vec<String>,
     pub load_balancer_source_ranges: Vec<SourceRange>,
     /// Whether source ranges of this family were given but skipped as not canonical: the
@@ -317,11 +320,13 @@ impl SharedFields {
             health_check_node_port = port;
         }
 
+        let canonical = features.release.writes_canonical_service_addresses();
         let external_ips = addresses_of_family(
             service,
             "spec.externalIPs",
             spec.external_ips.iter().flatten().map(String::as_str),
             family,
+            canonical,
         );
         // Upstream `IsVIPMode`: with LoadBalancerIPMode on, only ingresses whose ipMode is
         // absent or `VIP` are short-circuited on the node; a `Proxy` load balancer must see
@@ -335,9 +340,10 @@ impl SharedFields {
             "status.loadBalancer.ingress",
             ingress.into_iter().flatten().filter(is_vip).filter_map(|i| i.ip.as_deref()).filter(|s| !s.is_empty()),
             family,
+            canonical,
         );
         let (source_ranges, source_ranges_skipped) =
-            source_ranges_of_family(service, source_range_texts(svc, spec), family);
+            source_ranges_of_family(service, source_range_texts(svc, spec), family, canonical);
 
         Ok(SharedFields {
             external_ips,
@@ -362,18 +368,29 @@ fn is_comment_safe(s: &str) -> bool {
     !s.is_empty() && s.len() <= 63 && s.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'))
 }
 
-/// The addresses of `family` among `texts`, kept as written: 1.29 stores these as strings
-/// and writes them into rules verbatim. Unparseable entries are dropped (upstream
-/// `MapIPsByIPFamily` logs and skips them; blank ones silently), and so are entries not
-/// spelled canonically, which iptables would reject or misread.
+/// The addresses of `family` among `texts`. Unparseable entries are dropped (upstream
+/// `MapIPsByIPFamily` logs and skips them; blank ones silently). With `canonical` (1.30+,
+/// which parses them into `net.IP`) every entry is written as Go prints it. Otherwise they
+/// are kept as written, as 1.29 stores these as strings and writes them into rules verbatim,
+/// and entries not spelled canonically, which iptables would reject or misread, are skipped.
 fn addresses_of_family<'a>(
     service: &NamespacedName,
     field: &'static str,
     texts: impl Iterator<Item = &'a str>,
     family: IpFamily,
+    canonical: bool,
 ) -> Vec<String> {
     let mut out = Vec::new();
     for text in texts {
+        if canonical {
+            match ip::parse_ip_sloppy(text) {
+                Some(addr) if IpFamily::of(&addr) == family => out.push(ip::format_ip(&addr)),
+                Some(_) => {}
+                None if text.trim().is_empty() => {}
+                None => tracing::warn!(%service, field, ip = text, "skipping invalid IP"),
+            }
+            continue;
+        }
         match ip::parse_canonical_ip(text) {
             Ok(addr) if IpFamily::of(&addr) == family => out.push(text.to_owned()),
             Ok(_) => {}
@@ -410,19 +427,33 @@ fn source_range_texts<'a>(svc: &'a Service, spec: &'a ServiceSpec) -> Box<dyn It
     }
 }
 
-/// The source ranges of `family` among the (already trimmed) `texts`, kept as written
-/// (1.29 writes the text after `-s`), with the parsed network alongside, and whether any
-/// range of `family` was skipped as not canonical. Unparseable entries are dropped with a
-/// warning, like upstream `MapCIDRsByIPFamily`. As in Go, the family is that of the network
-/// address, so an IPv4-mapped IPv6 range counts as IPv4.
+/// The source ranges of `family` among the (already trimmed) `texts`, with the parsed
+/// network alongside, and whether any range of `family` was skipped as not canonical.
+/// Unparseable entries are dropped with a warning, like upstream `MapCIDRsByIPFamily`. As in
+/// Go, the family is that of the network address, so an IPv4-mapped IPv6 range counts as
+/// IPv4. With `canonical` (1.30+, `*net.IPNet`) each range is written as `IPNet.String()`
+/// prints it: host bits cleared (`198.18.7.1/16` is `198.18.0.0/16`), IPv6 compressed.
+/// Otherwise the text is kept as written (1.29 writes the string after `-s`) and ranges not
+/// spelled canonically are skipped.
 fn source_ranges_of_family<'a>(
     service: &NamespacedName,
     texts: impl Iterator<Item = &'a str>,
     family: IpFamily,
+    canonical: bool,
 ) -> (Vec<SourceRange>, bool) {
     let mut out = Vec::new();
     let mut skipped = false;
     for text in texts {
+        if canonical {
+            match Cidr::parse_sloppy(text).map(Cidr::canonical) {
+                Some(cidr) if cidr.family() == family => {
+                    out.push(SourceRange { text: cidr.to_string(), cidr: Some(cidr) })
+                }
+                Some(_) => {}
+                None => tracing::warn!(%service, cidr = text, "skipping invalid loadBalancerSourceRanges entry"),
+            }
+            continue;
+        }
         match Cidr::parse_canonical(text) {
             Ok(cidr) if IpFamily::of(&cidr.network()) == family => {
                 out.push(SourceRange { text: text.to_owned(), cidr: Some(cidr) })
@@ -448,9 +479,9 @@ fn source_ranges_of_family<'a>(
 }
 
 /// Every address of `svc` that is skipped because its text cannot be written into rules
-/// (invalid, or not in canonical form), whatever its family: one line per entry, naming the
-/// Service and the field, for the Warning events the watch side raises.
-pub fn skipped_addresses(svc: &Service) -> Vec<String> {
+/// (invalid, or, before 1.30, not in canonical form), whatever its family: one line per
+/// entry, naming the Service and the field, for the Warning events the watch side raises.
+pub fn skipped_addresses(svc: &Service, features: &Features) -> Vec<String> {
     let Some(spec) = svc.spec.as_ref() else {
         return Vec::new();
     };
@@ -463,14 +494,21 @@ pub fn skipped_addresses(svc: &Service) -> Vec<String> {
     );
     let mut out = Vec::new();
     let mut note = |field: &str, err: AddressTextError| out.push(format!("service {service}: {field}: {err}; skipped"));
+    // From 1.30 every spelling Kubernetes parses is written canonically: only invalid text
+    // is skipped.
+    let canonical = features.release.writes_canonical_service_addresses();
+    let check_ip = |text: &str| match ip::parse_canonical_ip(text) {
+        Err(AddressTextError::NotCanonical { .. }) if canonical => Ok(()),
+        other => other.map(|_| ()),
+    };
     for text in spec.external_ips.iter().flatten().filter(|t| !t.trim().is_empty()) {
-        if let Err(err) = ip::parse_canonical_ip(text) {
+        if let Err(err) = check_ip(text) {
             note("spec.externalIPs", err);
         }
     }
     let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
     for text in ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()).filter(|t| !t.trim().is_empty()) {
-        if let Err(err) = ip::parse_canonical_ip(text) {
+        if let Err(err) = check_ip(text) {
             note("status.loadBalancer.ingress", err);
         }
     }
@@ -480,8 +518,10 @@ pub fn skipped_addresses(svc: &Service) -> Vec<String> {
         "spec.loadBalancerSourceRanges"
     };
     for text in source_range_texts(svc, spec) {
-        if let Err(err) = Cidr::parse_canonical(text) {
-            note(ranges_field, err);
+        match Cidr::parse_canonical(text) {
+            Err(AddressTextError::NotCanonical { .. }) if canonical => {}
+            Err(err) => note(ranges_field, err),
+            Ok(_) => {}
         }
     }
     out
@@ -633,7 +673,7 @@ mod tests {
         // The parsed network (host bits masked) decides whether the node is allowed.
         let cidr = p.load_balancer_source_ranges[0].cidr.expect("parsed");
         assert_eq!(cidr.to_string(), "2001:db8::/64");
-        assert!(skipped_addresses(&svc).is_empty());
+        assert!(skipped_addresses(&svc, &v1_29()).is_empty());
     }
 
     /// Spellings that parse but are not canonical never reach rules: iptables rejects
@@ -660,7 +700,7 @@ mod tests {
         // Every IPv6 range was skipped: the firewall stays, closed, rather than opening up.
         assert!(ranges(v6).is_empty());
         assert!(v6.source_ranges_skipped && v6.filters_load_balancer_sources());
-        let skipped = skipped_addresses(&svc);
+        let skipped = skipped_addresses(&svc, &v1_29());
         assert_eq!(skipped.len(), 7, "{skipped:#?}");
         assert_eq!(
             skipped[0],
@@ -675,6 +715,49 @@ mod tests {
         assert!(!ports(&open, IpFamily::V4)[0].filters_load_balancer_sources());
     }
 
+    /// From 1.30 (PR #122630) upstream parses these fields into `net.IP` / `*net.IPNet` with
+    /// the lenient parser and writes `String()`: every spelling the 1.29 rules skip above is
+    /// kept, canonicalised, and source ranges lose their host bits.
+    #[test]
+    fn from_1_30_addresses_are_parsed_and_written_canonically() {
+        let svc = service("ns", "s")
+            .type_("LoadBalancer")
+            .cluster_ips(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
+            .port("p", "TCP", 80)
+            .external_ips(&["::ffff:1.2.3.4", "010.001.002.003", "08.1.1.1", "1.2.3.5", "2001:0db8::1", "bogus", ""])
+            .ingress_ips(&["010.1.1.2", "1.1.1.2", "::FFFF:1.1.1.3", "2001:DB8:0::2"])
+            .source_ranges(&["10.0.0.0/08", "198.18.7.1/16", "::ffff:203.0.113.9/120", "2001:db8::1/064", "bogus"])
+            .build();
+        for release in [Release::V1_30, Release::NEWEST] {
+            let features = Features::of(release);
+            let v4 = &service_ports(&svc, IpFamily::V4, &features).unwrap()[0];
+            assert_eq!(v4.external_ips, ["1.2.3.4", "10.1.2.3", "8.1.1.1", "1.2.3.5"], "{release}");
+            assert_eq!(v4.load_balancer_ips, ["10.1.1.2", "1.1.1.2", "1.1.1.3"], "{release}");
+            assert_eq!(ranges(v4), ["10.0.0.0/8", "198.18.0.0/16", "203.0.113.0/24"], "{release}");
+            assert!(!v4.source_ranges_skipped, "{release}");
+            let mapped = v4.load_balancer_source_ranges[2].cidr.expect("parsed");
+            assert!(mapped.contains(&"203.0.113.200".parse().unwrap()), "IPv4 network, as Go's IPNet");
+            let v6 = &service_ports(&svc, IpFamily::V6, &features).unwrap()[0];
+            assert_eq!(v6.external_ips, ["2001:db8::1"], "{release}");
+            assert_eq!(v6.load_balancer_ips, ["2001:db8::2"], "{release}");
+            assert_eq!(ranges(v6), ["2001:db8::/64"], "{release}");
+            // Only text Kubernetes cannot parse is skipped (and reported).
+            assert_eq!(
+                skipped_addresses(&svc, &features),
+                [
+                    "service ns/s: spec.externalIPs: \"bogus\" is not an IP address; skipped",
+                    "service ns/s: spec.loadBalancerSourceRanges: \"bogus\" is not an IP address; skipped",
+                ],
+                "{release}"
+            );
+        }
+        // 1.29 keeps its verbatim-or-skip behaviour for the same object.
+        let v4 = &ports(&svc, IpFamily::V4)[0];
+        assert_eq!(v4.external_ips, ["1.2.3.5"]);
+        assert_eq!(ranges(v4), ["198.18.7.1/16"]);
+        assert!(v4.source_ranges_skipped);
+    }
+
     #[test]
     fn skipped_annotation_ranges_are_named_by_the_annotation() {
         let svc = service("ns", "a")
@@ -685,7 +768,7 @@ mod tests {
             .build();
         assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.0.0.0/8"]);
         assert_eq!(
-            skipped_addresses(&svc),
+            skipped_addresses(&svc, &v1_29()),
             [format!(
                 "service ns/a: {ANNOTATION_LOAD_BALANCER_SOURCE_RANGES}: \"192.168.0.0/016\" is not in canonical form (it means 192.168.0.0/16); skipped"
             )]

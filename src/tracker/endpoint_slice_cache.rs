@@ -14,7 +14,8 @@ use std::sync::Arc;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
 use super::endpoints_map::EndpointsMap;
-use crate::model::ip::{AddressTextError, parse_canonical_ip};
+use crate::compat::Release;
+use crate::model::ip::{AddressTextError, format_ip, parse_canonical_ip, parse_ip_sloppy};
 use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, NodeHints, Protocol, ServicePortName};
 
 /// The label naming the Service an EndpointSlice belongs to.
@@ -45,10 +46,10 @@ pub fn endpoint_slice_keys(slice: &EndpointSlice) -> Result<(NamespacedName, Str
 }
 
 /// Every endpoint of an IP slice skipped because its address cannot be written into rules
-/// (invalid, or not in canonical form, see [`parse_canonical_ip`]): one line per endpoint,
-/// naming the slice, for the Warning events the watch side raises. Family mismatches are
-/// not listed (the other family's proxier may use them).
-pub fn skipped_endpoint_addresses(slice: &EndpointSlice) -> Vec<String> {
+/// (invalid, or before 1.31 not in canonical form, see [`parse_canonical_ip`]): one line per
+/// endpoint, naming the slice, for the Warning events the watch side raises. Family
+/// mismatches are not listed (the other family's proxier may use them).
+pub fn skipped_endpoint_addresses(slice: &EndpointSlice, release: Release) -> Vec<String> {
     if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
         return Vec::new();
     }
@@ -56,7 +57,12 @@ pub fn skipped_endpoint_addresses(slice: &EndpointSlice) -> Vec<String> {
     let name = slice.metadata.name.as_deref().unwrap_or("");
     let mut out = Vec::new();
     for (index, ep) in slice.endpoints.iter().enumerate() {
-        if let Some(Err(err)) = ep.addresses.first().map(|a| parse_canonical_ip(a)) {
+        let problem = match ep.addresses.first().map(|a| parse_canonical_ip(a)) {
+            Some(Err(AddressTextError::NotCanonical { .. })) if release.writes_canonical_endpoint_addresses() => None,
+            Some(Err(err)) => Some(err),
+            _ => None,
+        };
+        if let Some(err) = problem {
             out.push(format!(
                 "endpoint slice {namespace}/{name}: endpoints[{index}].addresses[0]: {err}; endpoint skipped"
             ));
@@ -126,12 +132,22 @@ pub struct EndpointSliceCache {
     /// endpoint is local.
     node_name: String,
     family: IpFamily,
+    /// Addresses are parsed leniently and written canonically (1.31+); otherwise, as 1.29,
+    /// written as given, and skipped unless canonical.
+    canonical_addresses: bool,
     services: HashMap<NamespacedName, SliceTracker>,
 }
 
 impl EndpointSliceCache {
+    /// A cache reading slices as 1.29 does; see [`EndpointSliceCache::with_release`].
     pub fn new(node_name: impl Into<String>, family: IpFamily) -> EndpointSliceCache {
-        EndpointSliceCache { node_name: node_name.into(), family, services: HashMap::new() }
+        EndpointSliceCache { node_name: node_name.into(), family, canonical_addresses: false, services: HashMap::new() }
+    }
+
+    /// Reads slice addresses as `release` does (canonical text from 1.31).
+    pub fn with_release(mut self, release: Release) -> EndpointSliceCache {
+        self.canonical_addresses = release.writes_canonical_endpoint_addresses();
+        self
     }
 
     /// Records `slice` (or its removal) as pending. Returns whether that changes anything:
@@ -195,7 +211,7 @@ impl EndpointSliceCache {
     /// per slice update rather than on every merge).
     fn record(&self, service: &NamespacedName, slice: &EndpointSlice) -> SliceRecord {
         let slice_name = slice.metadata.name.as_deref().unwrap_or("");
-        let endpoints: Vec<(&str, &Endpoint)> = slice
+        let endpoints: Vec<(String, &Endpoint)> = slice
             .endpoints
             .iter()
             .filter_map(|ep| {
@@ -203,8 +219,24 @@ impl EndpointSliceCache {
                     tracing::debug!(slice = slice_name, "ignoring endpoint with no address");
                     return None;
                 };
+                if self.canonical_addresses {
+                    // Upstream (1.31+): `ParseIPSloppy(address).String()`.
+                    return match parse_ip_sloppy(address) {
+                        Some(ip) if IpFamily::of(&ip) == self.family => Some((format_ip(&ip), ep)),
+                        _ => {
+                            tracing::warn!(
+                                %service,
+                                slice = slice_name,
+                                address = address.as_str(),
+                                family = %self.family,
+                                "ignoring endpoint address that is not a valid address of this family"
+                            );
+                            None
+                        }
+                    };
+                }
                 match parse_canonical_ip(address) {
-                    Ok(ip) if IpFamily::of(&ip) == self.family => Some((address.as_str(), ep)),
+                    Ok(ip) if IpFamily::of(&ip) == self.family => Some((address.clone(), ep)),
                     Err(AddressTextError::NotCanonical { canonical, .. }) => {
                         tracing::warn!(
                             %service,
@@ -245,7 +277,8 @@ impl EndpointSliceCache {
 
     fn endpoint(&self, service_port: &ServicePortName, address: &str, port: i32, ep: &Endpoint) -> EndpointInfo {
         // 1.29 writes the address as it appears in the slice, both in the endpoint string
-        // (DNAT target, chain hash) and in IP() (hairpin rule); only canonical text gets here.
+        // (DNAT target, chain hash) and in IP() (hairpin rule); only canonical text gets here
+        // (as given before 1.31, made canonical from 1.31).
         let mut info = EndpointInfo::new(service_port, address, port);
         info.is_local = !self.node_name.is_empty() && ep.node_name.as_deref() == Some(self.node_name.as_str());
         let conditions = ep.conditions.as_ref();
@@ -494,6 +527,40 @@ mod tests {
             let expected = apply(&mut reference, &[(alone.build(), false)]);
             assert_eq!(eps[0].chain_name(), expected[&spn("p", Protocol::Tcp)][0].chain_name());
         }
+    }
+
+    /// Upstream `TestBadIPs` (1.31): `10.180.00.001` is used as `10.180.0.1` in the DNAT
+    /// target, the hairpin match and the endpoint chain's hash; IPv4-mapped is IPv4.
+    #[test]
+    fn from_1_31_addresses_are_parsed_and_written_canonically() {
+        for release in [Release::V1_31, Release::NEWEST] {
+            let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4).with_release(release);
+            let s = slice("ns1", "svc1", "s")
+                .port("p", 80, "TCP")
+                .endpoint(ep("10.180.00.001"))
+                .endpoint(ep("::ffff:10.244.1.5"))
+                .endpoint(ep("not-an-ip"))
+                .build();
+            let map = apply(&mut cache, &[(s.clone(), false)]);
+            let eps = &map[&spn("p", Protocol::Tcp)];
+            let ips: Vec<&str> = eps.iter().map(|e| e.ip()).collect();
+            assert_eq!(ips, ["10.180.0.1", "10.244.1.5"], "{release}");
+            let canonical = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.180.0.1")).build();
+            let reference = apply(&mut EndpointSliceCache::new(NODE, IpFamily::V4), &[(canonical, false)]);
+            assert_eq!(eps[0].chain_name(), reference[&spn("p", Protocol::Tcp)][0].chain_name(), "{release}");
+            assert_eq!(
+                skipped_endpoint_addresses(&s, release),
+                [
+                    "endpoint slice ns1/s: endpoints[2].addresses[0]: \"not-an-ip\" is not an IP address; endpoint skipped"
+                ]
+            );
+        }
+        // 1.30 still skips them (and says so).
+        let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4).with_release(Release::V1_30);
+        let s = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.180.00.001")).build();
+        let map = apply(&mut cache, &[(s.clone(), false)]);
+        assert!(map.get(&spn("p", Protocol::Tcp)).is_none_or(|eps| eps.is_empty()));
+        assert_eq!(skipped_endpoint_addresses(&s, Release::V1_30).len(), 1);
     }
 
     #[test]

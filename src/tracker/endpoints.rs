@@ -90,6 +90,12 @@ impl EndpointChangeTracker {
         }
     }
 
+    /// Reads slices as `release` does (see [`EndpointSliceCache::with_release`]).
+    pub fn with_release(mut self, release: crate::compat::Release) -> EndpointChangeTracker {
+        self.cache = self.cache.with_release(release);
+        self
+    }
+
     pub fn family(&self) -> IpFamily {
         self.family
     }

@@ -53,6 +53,8 @@ struct Pending {
 /// The change trackers of one IP family's proxier, behind one short lock.
 pub struct ChangeRecorder {
     family: IpFamily,
+    /// The release whose reading of Services applies.
+    features: Features,
     hostname: String,
     pending: Mutex<Pending>,
     /// Told about every recorded change (the change metrics); `None` in `render`.
@@ -78,9 +80,10 @@ impl ChangeRecorder {
         let hostname = hostname.into();
         ChangeRecorder {
             family,
+            features,
             pending: Mutex::new(Pending {
                 services: ServiceChangeTracker::new(family, features),
-                endpoints: EndpointChangeTracker::new(hostname.clone(), family),
+                endpoints: EndpointChangeTracker::new(hostname.clone(), family).with_release(features.release),
                 node_labels: None,
                 services_synced: false,
                 endpoint_slices_synced: false,
@@ -172,6 +175,18 @@ impl ChangeRecorder {
 
     pub fn is_initialized(&self) -> bool {
         self.lock().initialized()
+    }
+
+    /// The addresses of `service` skipped because their text cannot be written into rules
+    /// in this release (see [`crate::model::skipped_addresses`]).
+    pub fn skipped_addresses(&self, service: &Service) -> Vec<String> {
+        crate::model::skipped_addresses(service, &self.features)
+    }
+
+    /// The endpoints of `slice` skipped because their address cannot be written into rules
+    /// in this release (see [`crate::tracker::endpoint_slice_cache::skipped_endpoint_addresses`]).
+    pub fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String> {
+        super::endpoint_slice_cache::skipped_endpoint_addresses(slice, self.features.release)
     }
 
     /// Why the last recorded state of `service` was rejected, if it was.
