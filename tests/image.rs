@@ -338,19 +338,18 @@ async fn daemon_from_image(backend: &str) {
     ]);
     assert!(healthz.starts_with("HTTP/1.") && healthz.contains(" 200 "), "{healthz}\n{}", daemon.log_text());
 
-    // A UDP endpoint going away makes the daemon run the image's conntrack, which must reach
-    // the kernel (no entries match here: "nothing to delete" is its success).
+    // A UDP endpoint going away makes the daemon (default release: the conntrack reconciler of
+    // 1.32+) list the UDP conntrack table with the image's conntrack, which must reach the
+    // kernel: the reconciliation finishes only when the listing succeeded.
     server.update(&slice("ns1", "dns", "dns-1").udp("dns", 53).ips(&["10.1.0.6"]).build());
     wait_for(&daemon, "the new UDP endpoint", || save(backend).contains("--to-destination 10.1.0.6:53")).await;
-    wait_for(&daemon, "conntrack run for the removed UDP endpoint", || {
-        daemon.log_text().lines().any(|l| {
-            l.contains("--dst-nat 10.1.0.5")
-                && (l.contains("no conntrack entries to delete") || l.contains("conntrack entries deleted"))
-        })
+    wait_for(&daemon, "conntrack reconciliation after the UDP endpoint change", || {
+        daemon.log_text().lines().any(|l| l.contains("finished reconciling conntrack entries") && l.contains("IPv4"))
     })
     .await;
     let log = daemon.log_text();
     assert!(!log.contains("failed to delete stale conntrack entries"), "{log}");
+    assert!(!log.contains("failed to list conntrack entries"), "{log}");
     assert!(!log.contains(" ERROR "), "{log}");
 
     daemon.signal("TERM");
