@@ -254,7 +254,19 @@ impl Churn {
 
     fn create_service(&mut self, server: &ApiServer, slot: usize) {
         let variant = *self.rng.pick(&VARIANTS);
-        let old_slices = self.slots[slot].as_ref().map(|s| s.slices).unwrap_or([false; 2]);
+        let mut old_slices = self.slots[slot].as_ref().map(|s| s.slices).unwrap_or([false; 2]);
+        // A slice's addressType is immutable (the API server rejects changing it): slices
+        // orphaned by an earlier deletion are deleted and recreated when the family changes,
+        // as the EndpointSlice controller does.
+        let was_ipv6 = self.slots[slot].as_ref().is_some_and(|s| s.variant == Variant::Ipv6);
+        if was_ipv6 != (variant == Variant::Ipv6) {
+            for (k, present) in old_slices.iter_mut().enumerate() {
+                if *present {
+                    server.delete_named(Kind::EndpointSlice, &slot_ns(slot), &slice_name(slot, k));
+                    *present = false;
+                }
+            }
+        }
         let state = SlotState {
             variant,
             service: true,
