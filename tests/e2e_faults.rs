@@ -34,7 +34,8 @@ use serde_json::json;
 use crate::require_root;
 use crate::support::apiserver::{ApiServer, Kind};
 use crate::support::e2e::{
-    DaemonProcess, HEALTHZ_ADDR, METRICS_ADDR, NODE_IP, TempDir, bind_in_netns, daemon_args, in_netns, nat, topology,
+    DaemonProcess, HEALTHZ_ADDR, METRICS_ADDR, NODE_IP, TempDir, bind_in_netns, daemon_args, in_netns,
+    interface_addresses, nat, topology,
 };
 use crate::support::fixtures::{ep, node, slice, svc};
 use crate::support::netns::Netns;
@@ -204,18 +205,6 @@ impl Testbed {
             );
         }
     }
-}
-
-/// The namespace's interface addresses (what the daemon reads from /proc there).
-fn interface_addresses(ns: &Netns) -> Vec<std::net::IpAddr> {
-    let out = ns.ok(&["ip", "-o", "addr", "show"]);
-    out.lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet" || *w == "inet6")?;
-            words.next()?.split('/').next()?.parse().ok()
-        })
-        .collect()
 }
 
 /// filter and nat, chains sorted by name, counters zeroed, canaries left out.

@@ -12,6 +12,7 @@ mod e2e_events;
 mod e2e_faults;
 mod e2e_privileges;
 mod e2e_scale;
+mod e2e_soak;
 mod e2e_trace;
 mod e2e_traffic;
 mod e2e_versions;

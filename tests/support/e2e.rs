@@ -223,6 +223,18 @@ impl Drop for DaemonProcess {
     }
 }
 
+/// The namespace's interface addresses (what the daemon reads from /proc there).
+pub fn interface_addresses(ns: &Netns) -> Vec<std::net::IpAddr> {
+    let out = ns.ok(&["ip", "-o", "addr", "show"]);
+    out.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "inet" || *w == "inet6")?;
+            words.next()?.split('/').next()?.parse().ok()
+        })
+        .collect()
+}
+
 /// Creates the accounting objects the daemon makes before its rules name them (releases
 /// 1.31+; `render` assumes they exist), so a rendered payload restores into `ns`.
 pub fn create_nfacct_objects(ns: &Netns) {
