@@ -60,6 +60,50 @@ fn has_chain(ipt: &FakeIptables, prefix: &str) -> bool {
     ipt.chains(Table::Nat).iter().any(|c| c.starts_with(prefix))
 }
 
+/// A slice whose address type changes (IPv6 → IPv4 under the same name) leaves the IPv6
+/// proxier: its endpoints go from the IPv6 rules at once, and stay gone after the slice is
+/// deleted (found by the soak: the IPv6 family kept them forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_changing_address_type_leaves_the_other_family() {
+    let (fakes, deps) = deps(true);
+    let daemon = Daemon::build(&settings(), "node-a".into(), Some(&dual_stack_node()), &deps).expect("daemon");
+    let set = daemon.proxier_set();
+    let shutdown = CancellationToken::new();
+    let loops = tokio::spawn(daemon.run_loops(shutdown.clone(), None));
+    let web = svc("ns1", "web").cluster_ips(&["172.30.0.1", "fd00:30::1"]).tcp("http", 80).build();
+    let v6 = slice("ns1", "web", "web-x").ipv6().tcp("http", 8080).ips(&["fd00:10:1::5"]).build();
+    let mut services = ServiceEvents::default();
+    let mut slices = SliceEvents::default();
+    for e in [Event::Init, Event::InitApply(web), Event::InitDone] {
+        services.handle(e, &set);
+    }
+    for e in [Event::Init, Event::InitApply(v6), Event::InitDone] {
+        slices.handle(e, &set);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fakes.v6.save_all().contains("[fd00:10:1::5]:8080") {
+        assert!(Instant::now() < deadline, "IPv6 endpoint programmed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let v4 = slice("ns1", "web", "web-x").tcp("http", 8080).ips(&["10.0.1.5"]).build();
+    slices.handle(Event::Apply(v4.clone()), &set);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(fakes.v4.save_all().contains("10.0.1.5:8080") && !fakes.v6.save_all().contains("fd00:10:1::5")) {
+        assert!(Instant::now() < deadline, "IPv6 rules still hold the old endpoint:\n{}", fakes.v6.save_all());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    slices.handle(Event::Delete(v4), &set);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fakes.v4.save_all().contains("10.0.1.5:8080") {
+        assert!(Instant::now() < deadline, "IPv4 endpoint removed on delete");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!fakes.v6.save_all().contains("fd00:10:1::5"), "{}", fakes.v6.save_all());
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(10), loops).await.expect("loops stop");
+    stopped.expect("loop task").expect("no loop ended before shutdown");
+}
+
 #[test]
 fn primary_family_must_be_supported() {
     let (_f, deps) = deps(false);

@@ -259,8 +259,12 @@ impl SliceEvents {
                 let previous = self
                     .known
                     .insert(name, SliceKey { service: service.clone(), address_type: slice.address_type.clone() });
-                // A slice re-labelled to another service leaves the old one.
-                if let Some(old) = previous.filter(|old| old.service != service) {
+                // A slice re-labelled to another service leaves the old one; one whose address
+                // type changed (immutable in a real API server, not in every input) leaves the
+                // other family's proxier, which would otherwise keep its endpoints forever.
+                if let Some(old) =
+                    previous.filter(|old| old.service != service || old.address_type != slice.address_type)
+                {
                     let gone = synthetic_slice(&key(&slice.metadata), &old);
                     proxiers.each(|p| p.on_endpoint_slice(&gone, true));
                 }
