@@ -21,14 +21,14 @@ pub struct Release {
 impl Release {
     /// The release every golden file reproduces byte for byte.
     pub const V1_29: Release = Release { minor: 29 };
-    pub const V1_30: Release = Release { minor: 30 };
-    pub const V1_31: Release = Release { minor: 31 };
-    pub const V1_32: Release = Release { minor: 32 };
+    pub(crate) const V1_30: Release = Release { minor: 30 };
+    pub(crate) const V1_31: Release = Release { minor: 31 };
+    pub(crate) const V1_32: Release = Release { minor: 32 };
     pub const V1_33: Release = Release { minor: 33 };
-    pub const V1_34: Release = Release { minor: 34 };
+    pub(crate) const V1_34: Release = Release { minor: 34 };
     pub const V1_35: Release = Release { minor: 35 };
     /// The oldest release that can be selected.
-    pub const OLDEST: Release = Release::V1_29;
+    pub(crate) const OLDEST: Release = Release::V1_29;
     /// The newest release implemented, and the default.
     pub const NEWEST: Release = Release::V1_35;
 
@@ -37,29 +37,29 @@ impl Release {
         (Release::OLDEST.minor..=Release::NEWEST.minor).map(|minor| Release { minor })
     }
 
-    pub fn minor(self) -> u8 {
+    pub(crate) fn minor(self) -> u8 {
         self.minor
     }
 
     /// Whether rules count with nfacct objects (added in 1.31, no gate).
-    pub fn has_nfacct_counters(self) -> bool {
+    pub(crate) fn has_nfacct_counters(self) -> bool {
         self >= Release::V1_31
     }
 
     /// Whether stale UDP conntrack entries are found by the reconciler (list the table,
     /// delete what no serving endpoint answers) rather than per change (1.32, PR #127318).
-    pub fn has_conntrack_reconciler(self) -> bool {
+    pub(crate) fn has_conntrack_reconciler(self) -> bool {
         self >= Release::V1_32
     }
 
     /// Whether the conntrack reconciler compares the endpoint's port too, not only its IP
     /// (1.34, PR #130542).
-    pub fn conntrack_reconciler_matches_endpoint_port(self) -> bool {
+    pub(crate) fn conntrack_reconciler_matches_endpoint_port(self) -> bool {
         self >= Release::V1_34
     }
 
     /// Whether the conntrack reconciler's two metrics exist (1.33, PRs #130200, #130204).
-    pub fn has_conntrack_reconciler_metrics(self) -> bool {
+    pub(crate) fn has_conntrack_reconciler_metrics(self) -> bool {
         self >= Release::V1_33
     }
 
@@ -67,7 +67,7 @@ impl Release {
     /// (`net.IP` / `*net.IPNet`, Kubernetes' lenient parser) and written into rules in Go's
     /// canonical text (PR #122630, 1.30): `010.1.2.3` becomes `10.1.2.3`, `198.18.7.1/16`
     /// becomes `198.18.0.0/16`, IPv6 is compressed. 1.29 writes the strings as given.
-    pub fn writes_canonical_service_addresses(self) -> bool {
+    pub(crate) fn writes_canonical_service_addresses(self) -> bool {
         self >= Release::V1_30
     }
 
@@ -75,12 +75,12 @@ impl Release {
     /// DNAT target, the `-s` hairpin match and the endpoint chain's hash (`010.244.1.6` is
     /// `10.244.1.6`). Upstream's `TestBadIPs` (PR #126203, 1.31) found that endpoint
     /// addresses were still used as written and fixed it.
-    pub fn writes_canonical_endpoint_addresses(self) -> bool {
+    pub(crate) fn writes_canonical_endpoint_addresses(self) -> bool {
         self >= Release::V1_31
     }
 
     /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
-    pub fn accepts_primary_node_port_addresses(self) -> bool {
+    pub(crate) fn accepts_primary_node_port_addresses(self) -> bool {
         self >= Release::V1_31
     }
 }
@@ -139,7 +139,7 @@ impl FromStr for Release {
 
 /// The gates that change iptables-mode behaviour after 1.29.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// `status.loadBalancer.ingress[].ipMode: Proxy` IPs are not short-circuited.
     LoadBalancerIpMode,
     /// Zone hints are honoured at all.

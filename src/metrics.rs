@@ -26,16 +26,16 @@ use crate::node::nfacct::{self, Nfacct};
 use crate::proxier::{SyncError, SyncReport};
 
 /// Upstream's `kubeProxySubsystem`: every metric name starts with `kubeproxy_`.
-pub const SUBSYSTEM: &str = "kubeproxy";
+pub(crate) const SUBSYSTEM: &str = "kubeproxy";
 
 /// The first release whose per-sync metrics carry `ip_family` (docs/upstream-versions.md row 8).
-pub const IP_FAMILY_LABEL_SINCE: Release = Release::V1_33;
+pub(crate) const IP_FAMILY_LABEL_SINCE: Release = Release::V1_33;
 
 /// The label name upstream uses.
-pub const IP_FAMILY_LABEL: &str = "ip_family";
+pub(crate) const IP_FAMILY_LABEL: &str = "ip_family";
 
 /// `Content-Type` of the text exposition format.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -124,20 +124,20 @@ fn linear_buckets(start: f64, width: f64, count: usize) -> Vec<f64> {
 }
 
 /// Buckets of `sync_*proxy_rules_duration_seconds`: 1ms doubling to ~16s.
-pub fn sync_duration_buckets() -> Vec<f64> {
+pub(crate) fn sync_duration_buckets() -> Vec<f64> {
     exponential_buckets(0.001, 2.0, 15)
 }
 
 /// Buckets of `conntrack_reconciler_sync_duration_seconds`: 1ms doubling. The first seven
 /// (0.001 … 0.064) are in upstream PR #130200's sample output; the count is not, and is taken
 /// as the sync histograms' 15 (docs/upstream-versions.md row 9).
-pub fn conntrack_reconciler_buckets() -> Vec<f64> {
+pub(crate) fn conntrack_reconciler_buckets() -> Vec<f64> {
     exponential_buckets(0.001, 2.0, 15)
 }
 
 /// Buckets of `network_programming_duration_seconds`. component-base's `MergeBuckets` starts
 /// from a zero-filled one-element slice, so the first bucket is `0`.
-pub fn network_programming_buckets() -> Vec<f64> {
+pub(crate) fn network_programming_buckets() -> Vec<f64> {
     let mut buckets = vec![0.0];
     buckets.extend(linear_buckets(0.25, 0.25, 2));
     buckets.extend(linear_buckets(1.0, 1.0, 59));

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 /// The node the synthetic cluster is rendered for.
 pub const NODE_NAME: &str = "node-0";
 /// Endpoints are spread over this many nodes; one in `NODES` is local.
-pub const NODES: usize = 50;
+pub(crate) const NODES: usize = 50;
 
 /// Shape of a synthetic cluster.
 #[derive(Debug, Clone, Copy)]

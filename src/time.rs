@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 /// `now + d`, saturating at a far-future instant instead of overflowing on absurd durations.
-pub fn instant_after(now: Instant, d: Duration) -> Instant {
+pub(crate) fn instant_after(now: Instant, d: Duration) -> Instant {
     const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     now.checked_add(d).or_else(|| now.checked_add(CENTURY)).unwrap_or(now)
 }

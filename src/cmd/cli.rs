@@ -20,7 +20,7 @@ use crate::model::ip::parse_ip_sloppy;
 
 /// The version `--version` prints: the crate's version and the git commit it was built from
 /// (recorded by build.rs; "unknown" when built outside a git checkout).
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git commit ", env!("KPRS_GIT_COMMIT"), ")");
+pub(crate) const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git commit ", env!("KPRS_GIT_COMMIT"), ")");
 
 /// The git commit the binary was built from (build.rs), or "unknown".
 pub const GIT_COMMIT: &str = env!("KPRS_GIT_COMMIT");
@@ -345,7 +345,7 @@ pub struct RenderArgs {
 // ---------------------------------------------------------------------------------------------
 
 /// Go's `strconv.ParseBool`.
-pub fn go_bool(s: &str) -> Result<bool, String> {
+pub(crate) fn go_bool(s: &str) -> Result<bool, String> {
     match s {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
@@ -354,13 +354,13 @@ pub fn go_bool(s: &str) -> Result<bool, String> {
 }
 
 /// A Go duration (`time.ParseDuration`).
-pub fn go_duration(s: &str) -> Result<GoDuration, String> {
+pub(crate) fn go_duration(s: &str) -> Result<GoDuration, String> {
     GoDuration::parse(s).map_err(|e| e.to_string())
 }
 
 /// Go's `strconv.ParseInt(s, 0, 32)`: optional sign, then decimal, `0x` hex, `0o`/`0` octal
 /// or `0b` binary; underscores only between digits after a base prefix.
-pub fn go_int32(s: &str) -> Result<i32, String> {
+pub(crate) fn go_int32(s: &str) -> Result<i32, String> {
     let syntax = || format!("strconv.ParseInt: parsing {s:?}: invalid syntax");
     let (negative, body) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
@@ -395,17 +395,17 @@ pub fn go_int32(s: &str) -> Result<i32, String> {
 }
 
 /// Go's `strconv.ParseFloat(s, 32)` (close enough: Rust's float syntax).
-pub fn go_float32(s: &str) -> Result<f32, String> {
+pub(crate) fn go_float32(s: &str) -> Result<f32, String> {
     s.trim().parse::<f32>().map_err(|_| format!("strconv.ParseFloat: parsing {s:?}: invalid syntax"))
 }
 
 /// klog's `-v`: an unsigned 32-bit decimal.
-pub fn go_verbosity(s: &str) -> Result<u32, String> {
+pub(crate) fn go_verbosity(s: &str) -> Result<u32, String> {
     s.parse::<u32>().map_err(|_| format!("strconv.ParseUint: parsing {s:?}: invalid syntax"))
 }
 
 /// An IP flag (`--bind-address`): must be an IP address; kept as written.
-pub fn ip_flag(s: &str) -> Result<String, String> {
+pub(crate) fn ip_flag(s: &str) -> Result<String, String> {
     if parse_ip_sloppy(s).is_none() {
         return Err(format!("{s:?} is not a valid IP address"));
     }
@@ -414,7 +414,7 @@ pub fn ip_flag(s: &str) -> Result<String, String> {
 
 /// An `ip` or `ip:port` flag (`--healthz-bind-address`, `--metrics-bind-address`); blank
 /// means empty (which disables the server). Kept as written.
-pub fn ip_port_flag(s: &str) -> Result<String, String> {
+pub(crate) fn ip_port_flag(s: &str) -> Result<String, String> {
     if s.trim().is_empty() {
         return Ok(String::new());
     }
@@ -433,7 +433,7 @@ pub fn ip_port_flag(s: &str) -> Result<String, String> {
 }
 
 /// One CSV record, as pflag's `StringSlice` reads it; the empty string is an empty list.
-pub fn csv_flag(s: &str) -> Result<CsvList, String> {
+pub(crate) fn csv_flag(s: &str) -> Result<CsvList, String> {
     if s.is_empty() {
         return Ok(CsvList(Vec::new()));
     }
@@ -480,7 +480,7 @@ pub fn csv_flag(s: &str) -> Result<CsvList, String> {
 }
 
 /// `--feature-gates`: `Name=bool` pairs separated by commas (blank pairs skipped).
-pub fn feature_gates_flag(s: &str) -> Result<FeatureGatesArg, String> {
+pub(crate) fn feature_gates_flag(s: &str) -> Result<FeatureGatesArg, String> {
     let mut gates = BTreeMap::new();
     for pair in s.split(',').filter(|p| !p.is_empty()) {
         let Some((key, value)) = pair.split_once('=') else {
@@ -494,7 +494,7 @@ pub fn feature_gates_flag(s: &str) -> Result<FeatureGatesArg, String> {
 }
 
 /// `--vmodule`: `pattern=N` items separated by commas (blank items skipped).
-pub fn vmodule_flag(s: &str) -> Result<VModuleArg, String> {
+pub(crate) fn vmodule_flag(s: &str) -> Result<VModuleArg, String> {
     let mut items = Vec::new();
     for item in s.split(',').filter(|p| !p.is_empty()) {
         let parts: Vec<&str> = item.split('=').collect();

@@ -80,7 +80,7 @@ pub enum DiffKind {
 /// Differences grouped by service (`ns/name:port`), or [`NODE_WIDE`] for rules of no service.
 pub type Report = BTreeMap<String, Vec<RuleDiff>>;
 
-pub const NODE_WIDE: &str = "(node-wide rules)";
+pub(crate) const NODE_WIDE: &str = "(node-wide rules)";
 
 const SERVICE_CHAIN_PREFIXES: &[&str] = &["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"];
 
@@ -188,7 +188,7 @@ fn compare_chain(table: &str, name: &str, e: &Chain<'_>, l: &Chain<'_>) -> Vec<R
 }
 
 /// Prints the report; returns whether anything differs.
-pub fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Result<bool> {
+pub(crate) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Result<bool> {
     if report.is_empty() {
         writeln!(out, "no differences")?;
         return Ok(false);

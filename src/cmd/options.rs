@@ -171,7 +171,7 @@ const LOGGING_FLAGS: &[&str] = &["v", "vmodule", "logging-format", "log-flush-fr
 
 /// The configuration flags present on the command line, by name (without dashes), in
 /// `FLAG_FIELDS` order. `--hostname-override` is not included (it always applies).
-pub fn given_config_flags(a: &DaemonArgs) -> Vec<&'static str> {
+pub(crate) fn given_config_flags(a: &DaemonArgs) -> Vec<&'static str> {
     // The length is checked at compile time; the order by `every_flag_is_tracked`.
     let given: [bool; FLAG_FIELDS.len()] = [
         a.kubeconfig.is_some(),

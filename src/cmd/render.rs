@@ -59,7 +59,7 @@ fn random_fully_supported(version: &str) -> Result<bool, RenderCmdError> {
 }
 
 /// The config file (or upstream's defaults) with the release and gate flags applied over it.
-pub fn load_settings(options: &RenderOptions) -> Result<Settings, RenderCmdError> {
+pub(crate) fn load_settings(options: &RenderOptions) -> Result<Settings, RenderCmdError> {
     let path = options.config.as_deref();
     let mut raw = match path {
         Some(p) => config::load_config_file(p)?,
@@ -125,7 +125,7 @@ pub fn render_snapshots(
 }
 
 /// [`render_snapshots`] with the settings already loaded from `args` ([`load_settings`]).
-pub fn render_snapshots_with(
+pub(crate) fn render_snapshots_with(
     args: &RenderArgs,
     settings: &Settings,
     snapshots: &[Snapshot],

@@ -68,7 +68,7 @@ impl LiveNode for RealNode {
 }
 
 /// `iptables-save -t nat` and `-t filter` through `ipt`.
-pub fn save_tables(ipt: Option<&impl Iptables>, family: IpFamily) -> Result<String, String> {
+pub(crate) fn save_tables(ipt: Option<&impl Iptables>, family: IpFamily) -> Result<String, String> {
     let Some(ipt) = ipt.filter(|i| i.present()) else {
         return Err(format!("iptables for {family} is not available on this node"));
     };
@@ -85,7 +85,7 @@ fn family_of(ip: IpAddr) -> IpFamily {
 
 /// The rules to trace through and the node's addresses, from the flags. The rules borrow
 /// from their text, which is read into `text`.
-pub fn load_rules<'t>(
+pub(crate) fn load_rules<'t>(
     args: &TraceArgs,
     node: &dyn LiveNode,
     text: &'t mut String,

@@ -160,16 +160,12 @@ impl GoDuration {
         GoDuration(secs.saturating_mul(NANOS_PER_SECOND))
     }
 
-    pub fn nanos(self) -> i64 {
-        self.0
-    }
-
-    pub fn is_zero(self) -> bool {
+    pub(crate) fn is_zero(self) -> bool {
         self.0 == 0
     }
 
     /// The duration as a `std` one; `None` when negative.
-    pub fn to_std(self) -> Option<Duration> {
+    pub(crate) fn to_std(self) -> Option<Duration> {
         u64::try_from(self.0).ok().map(Duration::from_nanos)
     }
 
@@ -1295,7 +1291,7 @@ fn format_gates(gates: &BTreeMap<String, bool>) -> String {
 }
 
 /// The keyword accepted in `nodePortAddresses` besides CIDRs.
-pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
+pub(crate) const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
 
 fn validate_node_port_addresses(addresses: &[String], release: Release, errs: &mut Vec<FieldError>) {
     for (i, addr) in addresses.iter().enumerate() {

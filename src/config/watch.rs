@@ -14,18 +14,18 @@
 
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 /// How often the daemon polls the config file.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
 
 /// What happened to the watched file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigChange {
+pub(crate) enum ConfigChange {
     /// The content differs from the baseline.
     Modified,
     /// The file no longer exists.
@@ -56,7 +56,7 @@ impl Fingerprint {
 
 /// Polls one file for changes against a fixed baseline.
 #[derive(Debug, Clone)]
-pub struct ConfigWatcher {
+pub(crate) struct ConfigWatcher {
     path: PathBuf,
     baseline: Fingerprint,
     interval: Duration,
@@ -71,20 +71,10 @@ impl ConfigWatcher {
     }
 
     /// Watches `path` against `contents` (the bytes the configuration was loaded from).
-    pub fn with_contents(path: impl Into<PathBuf>, contents: &[u8], interval: Duration) -> ConfigWatcher {
+    pub(crate) fn with_contents(path: impl Into<PathBuf>, contents: &[u8], interval: Duration) -> ConfigWatcher {
         // A zero interval would spin; poll at least every millisecond.
         let interval = interval.max(Duration::from_millis(1));
         ConfigWatcher { path: path.into(), baseline: Fingerprint::of(contents), interval }
-    }
-
-    /// The watched file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The polling interval.
-    pub fn interval(&self) -> Duration {
-        self.interval
     }
 
     /// One poll: what, if anything, differs from the baseline now.

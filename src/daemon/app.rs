@@ -19,7 +19,7 @@ use crate::proxier::cleanup::cleanup_leftovers;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The iptables runners for IPv4 and IPv6, on the backend the host already uses.
-pub fn iptables_runners(exec: Arc<dyn Exec>) -> [IptablesRunner; 2] {
+pub(crate) fn iptables_runners(exec: Arc<dyn Exec>) -> [IptablesRunner; 2] {
     let detection = detect_backend(exec.clone(), None, COMMAND_TIMEOUT);
     tracing::info!(
         backend = ?detection.backend,
@@ -112,7 +112,7 @@ pub enum AppError {
 }
 
 /// The OS hostname as upstream's `GetHostname` normalises it.
-pub fn os_hostname() -> String {
+pub(crate) fn os_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -369,7 +369,7 @@ async fn wait_for_stop(
 
 /// The host's interface addresses, read from `/proc`: IPv4 from the local entries of the
 /// kernel's FIB (`/proc/net/fib_trie`), IPv6 from `/proc/net/if_inet6`.
-pub struct HostInterfaces;
+pub(crate) struct HostInterfaces;
 
 impl crate::proxier::NetworkInterfaces for HostInterfaces {
     fn interface_addrs(&self) -> std::io::Result<Vec<std::net::IpAddr>> {

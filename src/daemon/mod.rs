@@ -33,8 +33,8 @@ use crate::model::node::{NodeInfo, NodeIps};
 use crate::node::conntrack::Conntrack;
 use crate::node::nfacct::Nfacct;
 use crate::node::sysctl::{
-    ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, conntrack_tcp_be_liberal,
-    ensure_route_localnet,
+    ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, check_bridge_nf_call_iptables,
+    conntrack_tcp_be_liberal, ensure_route_localnet,
 };
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
@@ -128,6 +128,8 @@ impl Daemon {
             Some(metrics.clone()),
         ));
         let tcp_liberal = conntrack_tcp_be_liberal(deps.sysctl.as_ref());
+        // Bridged pod traffic skips these rules without br_netfilter; say so once, at start.
+        check_bridge_nf_call_iptables(deps.sysctl.as_ref());
         let node_port_cidrs =
             NodePortAddresses::resolve_primary(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
 
@@ -262,7 +264,7 @@ impl Daemon {
 /// its last successful sync. A port that cannot be opened is a Warning event on its Service
 /// (upstream `FailedToStartServiceHealthcheck`), raised again on every retry: the recorder
 /// folds the repeats into one Event's series.
-pub fn sync_service_health<'a>(
+pub(crate) fn sync_service_health<'a>(
     server: &ServiceHealthServer,
     families: impl IntoIterator<Item = &'a ServiceHealthState>,
     events: &dyn EventRecorder,
@@ -304,7 +306,7 @@ pub fn report_conntrack_outcome(outcome: &ConntrackOutcome, hostname: &str, even
 }
 
 /// The service health-check server listening on the node-port addresses of all families.
-pub fn service_health_server(
+pub(crate) fn service_health_server(
     daemon: &Daemon,
     interfaces: &dyn NetworkInterfaces,
     runtime: tokio::runtime::Handle,
@@ -318,4 +320,4 @@ pub fn service_health_server(
 }
 
 /// How long the daemon waits for the loops to stop after shutdown.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

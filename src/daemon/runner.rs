@@ -77,7 +77,7 @@ impl TokenBucket {
 
 /// The pure scheduling state of a bounded-frequency runner. See the module docs.
 #[derive(Debug, Clone)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     min_interval: Duration,
     max_interval: Duration,
     /// `None` when `min_interval` is zero: every request runs.
@@ -110,13 +110,9 @@ impl Schedule {
         self.deadline
     }
 
-    pub fn last_run(&self) -> Option<Instant> {
-        self.last_run
-    }
-
     /// A run was requested (or the timer fired) at `now`. `true`: run now, then call
     /// [`Schedule::ran`]. `false`: the timer was re-armed for when a run will be allowed.
-    pub fn try_run(&mut self, now: Instant) -> bool {
+    pub(crate) fn try_run(&mut self, now: Instant) -> bool {
         let Some(limiter) = self.limiter.as_mut() else {
             return true;
         };
@@ -227,7 +223,7 @@ impl BoundedFrequencyRunner {
     /// Runs until `shutdown` is cancelled. `f` is called whenever the schedule allows; the
     /// duration it returns, if any, requests a retry that long after it finished (as
     /// [`RunnerHandle::retry_after`] would). A call in progress is finished before shutdown.
-    pub async fn run_loop<F, Fut>(self, shutdown: CancellationToken, mut f: F)
+    pub(crate) async fn run_loop<F, Fut>(self, shutdown: CancellationToken, mut f: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<Duration>>,

@@ -23,10 +23,10 @@ use crate::model::chains::{KUBE_FORWARD, KUBE_PROXY_CANARY, KUBE_SERVICES};
 use crate::proxier::{JUMP_CHAINS, Proxier, SyncOutcome, SyncReport};
 
 /// Syncs allowed back to back before `min_sync_period` applies (upstream's `burstSyncs`).
-pub const BURST_SYNCS: u32 = 2;
+pub(crate) const BURST_SYNCS: u32 = 2;
 /// The runner's maximum interval: the canary monitor, not the runner, triggers periodic
 /// resyncs, so this only needs to be long (upstream uses an hour too).
-pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// A proxier and its sync loop (tests sync it by hand through the same lock).
 pub type SharedProxier = Arc<Mutex<Proxier>>;
@@ -43,7 +43,7 @@ pub fn lock(proxier: &Mutex<Proxier>) -> MutexGuard<'_, Proxier> {
 
 /// The jumps the canary monitor watches beyond the canaries, one per table we write: a flush
 /// of just that table (`iptables -t nat -F`) removes it while the canaries stay.
-pub fn sentinel_jumps() -> Vec<Sentinel> {
+pub(crate) fn sentinel_jumps() -> Vec<Sentinel> {
     [(Table::Nat, CHAIN_PREROUTING, KUBE_SERVICES), (Table::Filter, CHAIN_FORWARD, KUBE_FORWARD)]
         .iter()
         .filter_map(|&(table, src, dst)| JUMP_CHAINS.iter().find(|j| j.table == table && j.src == src && j.dst == dst))

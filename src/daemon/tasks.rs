@@ -25,7 +25,7 @@ pub struct TaskEnded {
 
 /// A set of named tasks that must run until shutdown.
 #[derive(Default)]
-pub struct Tasks {
+pub(crate) struct Tasks {
     set: JoinSet<Result<(), String>>,
     names: HashMap<Id, String>,
 }
@@ -44,12 +44,13 @@ impl Tasks {
         self.names.insert(handle.id(), name.into());
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.set.is_empty()
     }
 
     /// Waits for the next task to end and says how it ended; `None` once every task has.
-    pub async fn next_ended(&mut self) -> Option<TaskEnded> {
+    pub(crate) async fn next_ended(&mut self) -> Option<TaskEnded> {
         let (id, how) = match self.set.join_next_with_id().await? {
             Ok((id, Ok(()))) => (id, "returned".to_string()),
             Ok((id, Err(e))) => (id, format!("failed: {e}")),
@@ -69,7 +70,7 @@ impl Tasks {
 
     /// Waits for the first task to end. Never completes while every task runs (or if there
     /// are none), so it can sit in a `select!` beside the shutdown signal.
-    pub async fn first_ended(&mut self) -> TaskEnded {
+    pub(crate) async fn first_ended(&mut self) -> TaskEnded {
         match self.next_ended().await {
             Some(ended) => ended,
             None => std::future::pending().await,
@@ -77,7 +78,7 @@ impl Tasks {
     }
 
     /// Waits for every remaining task to end (after shutdown was signalled).
-    pub async fn join_all(&mut self) {
+    pub(crate) async fn join_all(&mut self) {
         while let Some(ended) = self.next_ended().await {
             if ended.how != "returned" {
                 tracing::warn!(task = %ended.task, how = %ended.how, "task ended with an error during shutdown");

@@ -14,7 +14,7 @@ use super::{FlushFlag, Iptables, RestoreCounters, Result, RulePosition, Table};
 use crate::model::IpFamily;
 
 /// Chain names per table, as the last restores left them.
-pub struct ChainTracker {
+pub(crate) struct ChainTracker {
     family: IpFamily,
     random_fully: bool,
     tables: Mutex<BTreeMap<Table, BTreeSet<String>>>,
@@ -26,6 +26,7 @@ impl ChainTracker {
     }
 
     /// The chains of `table`, sorted.
+    #[cfg(test)]
     pub fn chains(&self, table: Table) -> Vec<String> {
         self.lock().get(&table).map(|c| c.iter().cloned().collect()).unwrap_or_default()
     }

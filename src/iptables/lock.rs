@@ -24,16 +24,16 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// Where the 1.6.x lock file lives.
-pub const LOCKFILE_PATH_16X: &str = "/run/xtables.lock";
+pub(crate) const LOCKFILE_PATH_16X: &str = "/run/xtables.lock";
 /// The abstract socket name (without the leading NUL) of the 1.4.x lock.
-pub const LOCK_SOCKET_14X: &str = "xtables";
+pub(crate) const LOCK_SOCKET_14X: &str = "xtables";
 /// How often a busy lock is retried.
-pub const LOCK_POLL_INTERVAL: Duration = Duration::from_millis(200);
+pub(crate) const LOCK_POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// How long each lock is retried before giving up.
-pub const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
-pub enum LockError {
+pub(crate) enum LockError {
     #[error("failed to open iptables lock {path}: {source}")]
     Open { path: String, source: io::Error },
     #[error("failed to acquire new iptables lock {path} within {timeout:?}: {last}")]
@@ -43,17 +43,17 @@ pub enum LockError {
 }
 
 /// Holds the lock until dropped.
-pub type LockGuard = Box<dyn Send>;
+pub(crate) type LockGuard = Box<dyn Send>;
 
 /// Takes the iptables lock(s).
-pub trait Locker: Send + Sync {
+pub(crate) trait Locker: Send + Sync {
     fn acquire(&self) -> Result<LockGuard, LockError>;
 }
 
 /// The real xtables locks (see the module docs). Paths and timing are fields so tests can use
 /// private ones.
 #[derive(Debug, Clone)]
-pub struct XtablesLocker {
+pub(crate) struct XtablesLocker {
     pub lockfile: PathBuf,
     /// Abstract socket name, without the leading NUL.
     pub socket_name: String,

@@ -52,11 +52,11 @@ impl fmt::Display for Table {
 }
 
 /// Built-in chains our jump rules hang off.
-pub const CHAIN_PREROUTING: &str = "PREROUTING";
-pub const CHAIN_POSTROUTING: &str = "POSTROUTING";
-pub const CHAIN_OUTPUT: &str = "OUTPUT";
-pub const CHAIN_INPUT: &str = "INPUT";
-pub const CHAIN_FORWARD: &str = "FORWARD";
+pub(crate) const CHAIN_PREROUTING: &str = "PREROUTING";
+pub(crate) const CHAIN_POSTROUTING: &str = "POSTROUTING";
+pub(crate) const CHAIN_OUTPUT: &str = "OUTPUT";
+pub(crate) const CHAIN_INPUT: &str = "INPUT";
+pub(crate) const CHAIN_FORWARD: &str = "FORWARD";
 
 /// `-I` or `-A` for `ensure_rule`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

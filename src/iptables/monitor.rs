@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Iptables, Table};
 
 /// How often the other tables are checked once the first table's canary has vanished.
-pub const FLUSH_POLL_INTERVAL: Duration = Duration::from_millis(100);
+pub(crate) const FLUSH_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// How long to wait for the other tables' canaries to vanish too.
-pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The tables kube-proxy keeps its canary in, the first one polled.
 pub const CANARY_TABLES: [Table; 3] = [Table::Mangle, Table::Nat, Table::Filter];
@@ -47,7 +47,7 @@ enum State {
 
 /// A rule whose disappearance means its table was flushed from outside.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sentinel {
+pub(crate) struct Sentinel {
     pub table: Table,
     pub chain: String,
     pub args: Vec<String>,
@@ -105,7 +105,7 @@ impl CanaryMonitor {
     }
 
     /// Also watches `sentinels` (see the module docs), after the first table's canary.
-    pub fn with_sentinels(mut self, sentinels: Vec<Sentinel>) -> Self {
+    pub(crate) fn with_sentinels(mut self, sentinels: Vec<Sentinel>) -> Self {
         self.sentinels = sentinels;
         self
     }

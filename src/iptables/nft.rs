@@ -12,7 +12,7 @@ use super::Table;
 use crate::model::IpFamily;
 
 /// The nf_tables family word of an IP family's iptables tables.
-pub fn nft_family(family: IpFamily) -> &'static str {
+pub(crate) fn nft_family(family: IpFamily) -> &'static str {
     match family {
         IpFamily::V4 => "ip",
         IpFamily::V6 => "ip6",
@@ -33,7 +33,7 @@ pub fn nft_family(family: IpFamily) -> &'static str {
 /// ```
 ///
 /// Names `nft` had to quote are unquoted.
-pub fn chains_from_nft_listing(listing: &str, family: IpFamily, table: Table) -> Vec<String> {
+pub(crate) fn chains_from_nft_listing(listing: &str, family: IpFamily, table: Table) -> Vec<String> {
     let family = nft_family(family);
     let mut in_table = false;
     let mut names = Vec::new();

@@ -63,7 +63,7 @@ impl Plan<'_> {
 
 impl Piece {
     /// The line of the original input that line `line` (1-based) of this piece came from.
-    pub fn original_line(&self, line: usize) -> Option<usize> {
+    pub(crate) fn original_line(&self, line: usize) -> Option<usize> {
         line.checked_sub(1).and_then(|i| self.original_lines.get(i)).copied()
     }
 }

@@ -90,22 +90,22 @@ impl std::fmt::Display for IptablesVersion {
 }
 
 /// Oldest release with `-C`/`--check`.
-pub const MIN_CHECK_VERSION: IptablesVersion = IptablesVersion::new(1, 4, 11);
+pub(crate) const MIN_CHECK_VERSION: IptablesVersion = IptablesVersion::new(1, 4, 11);
 /// Oldest release whose MASQUERADE takes `--random-fully`.
-pub const RANDOM_FULLY_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 6, 2);
+pub(crate) const RANDOM_FULLY_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 6, 2);
 /// Oldest release with `-w`.
-pub const WAIT_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 4, 20);
+pub(crate) const WAIT_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 4, 20);
 /// Oldest release with `-w SECONDS`.
-pub const WAIT_SECONDS_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 4, 22);
+pub(crate) const WAIT_SECONDS_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 4, 22);
 /// Oldest release with `-W USECONDS`.
-pub const WAIT_INTERVAL_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 6, 1);
+pub(crate) const WAIT_INTERVAL_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 6, 1);
 /// Oldest release whose `iptables-restore` takes `-w SECONDS -W USECONDS`.
-pub const WAIT_RESTORE_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 6, 2);
+pub(crate) const WAIT_RESTORE_MIN_VERSION: IptablesVersion = IptablesVersion::new(1, 6, 2);
 
 const WAIT_FULL: &[&str] = &["-w", "5", "-W", "100000"];
 
 /// The lock-wait flags for single `iptables` commands of `version`.
-pub fn wait_flags(version: IptablesVersion) -> &'static [&'static str] {
+pub(crate) fn wait_flags(version: IptablesVersion) -> &'static [&'static str] {
     if version >= WAIT_INTERVAL_MIN_VERSION {
         WAIT_FULL
     } else if version >= WAIT_SECONDS_MIN_VERSION {
@@ -120,7 +120,7 @@ pub fn wait_flags(version: IptablesVersion) -> &'static [&'static str] {
 /// The lock-wait flags for `iptables-restore`, given the `iptables` version and whether
 /// `iptables-restore --version` reported a version (older backports that do have `--version`
 /// also accept `-w`). Empty means the caller must take the xtables lock itself.
-pub fn restore_wait_flags(version: IptablesVersion, restore_reports_version: bool) -> &'static [&'static str] {
+pub(crate) fn restore_wait_flags(version: IptablesVersion, restore_reports_version: bool) -> &'static [&'static str] {
     if version >= WAIT_RESTORE_MIN_VERSION {
         WAIT_FULL
     } else if restore_reports_version {
@@ -253,7 +253,7 @@ const NOT_FOUND_MESSAGES: &[&str] = &[
 
 /// Whether `err` is iptables saying a chain, rule, target or match does not exist (upstream's
 /// `IsNotFoundError`), as opposed to failing for another reason.
-pub fn is_not_found(err: &IptablesError) -> bool {
+pub(crate) fn is_not_found(err: &IptablesError) -> bool {
     match err {
         IptablesError::Failed { output, .. } => NOT_FOUND_MESSAGES.iter().any(|m| output.contains(m)),
         _ => false,
@@ -323,7 +323,12 @@ impl IptablesRunner {
     }
 
     /// Like [`IptablesRunner::new`] with a chosen [`Locker`] for the no-`-w` fallback.
-    pub fn with_locker(exec: Arc<dyn Exec>, family: IpFamily, options: RunnerOptions, locker: Arc<dyn Locker>) -> Self {
+    pub(crate) fn with_locker(
+        exec: Arc<dyn Exec>,
+        family: IpFamily,
+        options: RunnerOptions,
+        locker: Arc<dyn Locker>,
+    ) -> Self {
         let bins = Binaries::new(family, options.backend);
         let invoker = Invoker { exec, netns: options.netns, timeout: options.command_timeout };
 
@@ -663,7 +668,7 @@ impl Iptables for IptablesRunner {
 
 /// What [`detect_backend`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendDetection {
+pub(crate) struct BackendDetection {
     pub backend: Backend,
     /// Rule lines (`-A ...`) in `iptables-legacy-save` plus `ip6tables-legacy-save`.
     pub legacy_rules: usize,
@@ -681,7 +686,7 @@ const KUBELET_HINT_CHAINS: &[&str] = &["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANAR
 /// `iptables-wrapper` does: a kubelet hint chain in the nft mangle table means nft, one in
 /// the legacy tables means legacy; otherwise the backend holding more rules (both families
 /// counted) wins, nft on a tie. Binaries that fail or are missing count as empty.
-pub fn detect_backend(exec: Arc<dyn Exec>, netns: Option<&str>, timeout: Duration) -> BackendDetection {
+pub(crate) fn detect_backend(exec: Arc<dyn Exec>, netns: Option<&str>, timeout: Duration) -> BackendDetection {
     let invoker = Invoker { exec, netns: netns.map(str::to_string), timeout };
     let save = |backend: Backend, args: &[&str]| -> String {
         let mut text = String::new();

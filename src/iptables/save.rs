@@ -18,7 +18,7 @@ use std::collections::HashSet;
 
 /// The chain line `iptables-restore` expects for a chain we (re)declare: `:NAME - [0:0]`.
 /// (Upstream `MakeChainLine`.)
-pub fn chain_line(chain: &str) -> String {
+pub(crate) fn chain_line(chain: &str) -> String {
     format!(":{chain} - [0:0]")
 }
 
@@ -47,7 +47,7 @@ pub fn chains_from_table(save: &[u8]) -> HashSet<String> {
 /// `line` is 0; lines past the end of `data` are simply absent. A trailing `\r` is dropped
 /// from each line, as Go's line scanner does, and a final newline does not start an extra
 /// empty line.
-pub fn extract_lines(data: &[u8], line: usize, context: usize) -> Vec<(usize, String)> {
+pub(crate) fn extract_lines(data: &[u8], line: usize, context: usize) -> Vec<(usize, String)> {
     if line == 0 {
         return Vec::new();
     }

@@ -21,7 +21,7 @@ pub struct ListError {
 
 /// What the watches would hold once synced.
 #[derive(Debug, Clone, Default)]
-pub struct ClusterState {
+pub(crate) struct ClusterState {
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
     /// This node's Node object, `None` when there is none of that name.
@@ -29,7 +29,7 @@ pub struct ClusterState {
 }
 
 /// Lists Services, EndpointSlices and the Node named `node_name`.
-pub async fn cluster_state(client: &Client, node_name: &str) -> Result<ClusterState, ListError> {
+pub(crate) async fn cluster_state(client: &Client, node_name: &str) -> Result<ClusterState, ListError> {
     let params = ListParams::default().labels(WATCH_LABEL_SELECTOR);
     let services = Api::<ServiceView>::all(client.clone())
         .list(&params)
@@ -51,7 +51,7 @@ pub async fn cluster_state(client: &Client, node_name: &str) -> Result<ClusterSt
 }
 
 /// Upstream waits for its Node for a while to learn the node IPs; so do we (about 30 s).
-pub async fn wait_for_node(client: &Client, name: &str) -> Option<Node> {
+pub(crate) async fn wait_for_node(client: &Client, name: &str) -> Option<Node> {
     let api: Api<Node> = Api::all(client.clone());
     let mut delay = std::time::Duration::from_millis(500);
     for _ in 0..8 {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 
 /// How long upstream waits for the podCIDR allocation.
-pub const POD_CIDR_WAIT: Duration = Duration::from_secs(5 * 60);
+pub(crate) const POD_CIDR_WAIT: Duration = Duration::from_secs(5 * 60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodCidrError {
@@ -19,7 +19,7 @@ pub enum PodCidrError {
 }
 
 /// Whether `node` has its pod CIDRs assigned and is not being deleted (upstream's condition).
-pub fn has_pod_cidrs(node: &Node) -> bool {
+pub(crate) fn has_pod_cidrs(node: &Node) -> bool {
     let deleting = node.metadata.deletion_timestamp.is_some();
     let spec = node.spec.as_ref();
     let single = spec.and_then(|s| s.pod_cidr.as_deref()).is_some_and(|c| !c.is_empty());
@@ -47,11 +47,12 @@ pub async fn wait_for_pod_cidrs(client: &kube::Client, name: &str, limit: Durati
 /// Remembers the pod CIDRs the proxier was built with and says when the Node no longer
 /// matches them (upstream's NodePodCIDRHandler).
 #[derive(Debug, Default)]
-pub struct PodCidrGuard {
+pub(crate) struct PodCidrGuard {
     pod_cidrs: Vec<String>,
 }
 
 impl PodCidrGuard {
+    #[cfg(test)]
     pub fn new(initial: &[String]) -> Self {
         PodCidrGuard { pod_cidrs: initial.to_vec() }
     }

@@ -22,8 +22,12 @@ pub type NodeCallback = Arc<dyn Fn(Option<&Node>) + Send + Sync>;
 
 /// Feeds `stream` to `handle` until it ends or `shutdown`. Watch errors are logged; the
 /// watcher itself retries with backoff and re-lists.
-pub async fn consume<K, S>(kind: &'static str, stream: S, shutdown: CancellationToken, mut handle: impl FnMut(Event<K>))
-where
+pub(crate) async fn consume<K, S>(
+    kind: &'static str,
+    stream: S,
+    shutdown: CancellationToken,
+    mut handle: impl FnMut(Event<K>),
+) where
     S: Stream<Item = Result<Event<K>, watcher::Error>>,
 {
     let mut stream = std::pin::pin!(stream);
@@ -56,7 +60,7 @@ pub async fn run(
 
 /// Like [`run`]; with `events`, Services and EndpointSlices skipped as invalid get a Warning
 /// event.
-pub async fn run_with_events(
+pub(crate) async fn run_with_events(
     client: Client,
     hostname: String,
     proxiers: ProxierSet,

@@ -9,29 +9,30 @@ use std::collections::HashSet;
 
 use sha2::{Digest, Sha256};
 
-pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
-pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
-pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
-pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
-pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
-pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
-pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
-pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
+pub(crate) const KUBE_SERVICES: &str = "KUBE-SERVICES";
+pub(crate) const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
+pub(crate) const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
+pub(crate) const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
+pub(crate) const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+pub(crate) const KUBE_FORWARD: &str = "KUBE-FORWARD";
+pub(crate) const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+pub(crate) const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 /// kubelet's copy of the anti-martian rule lives here; we only write it when localhost
 /// NodePorts are on.
-pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+pub(crate) const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
 /// Chains kubelet creates; ensured on full syncs so our rules can refer to them.
-pub const KUBE_KUBELET_CANARY: &str = "KUBE-KUBELET-CANARY";
+#[cfg(test)]
+pub(crate) const KUBE_KUBELET_CANARY: &str = "KUBE-KUBELET-CANARY";
 
-pub const SERVICE_CHAIN_PREFIX: &str = "KUBE-SVC-";
-pub const SERVICE_LOCAL_CHAIN_PREFIX: &str = "KUBE-SVL-";
-pub const SERVICE_FIREWALL_CHAIN_PREFIX: &str = "KUBE-FW-";
-pub const SERVICE_EXTERNAL_CHAIN_PREFIX: &str = "KUBE-EXT-";
-pub const ENDPOINT_CHAIN_PREFIX: &str = "KUBE-SEP-";
+pub(crate) const SERVICE_CHAIN_PREFIX: &str = "KUBE-SVC-";
+pub(crate) const SERVICE_LOCAL_CHAIN_PREFIX: &str = "KUBE-SVL-";
+pub(crate) const SERVICE_FIREWALL_CHAIN_PREFIX: &str = "KUBE-FW-";
+pub(crate) const SERVICE_EXTERNAL_CHAIN_PREFIX: &str = "KUBE-EXT-";
+pub(crate) const ENDPOINT_CHAIN_PREFIX: &str = "KUBE-SEP-";
 
 /// Whether a nat chain is one of the per-service chains this proxier owns (and may delete
 /// when no longer referenced).
-pub fn is_service_chain_name(chain: &str) -> bool {
+pub(crate) fn is_service_chain_name(chain: &str) -> bool {
     [
         SERVICE_CHAIN_PREFIX,
         SERVICE_LOCAL_CHAIN_PREFIX,
@@ -46,7 +47,7 @@ pub fn is_service_chain_name(chain: &str) -> bool {
 /// A compact identity for one of our hashed chains: the chain kind and the 80 bits its 16
 /// base32 characters encode. Sets of these avoid touching (and hashing) name strings, which
 /// matters when comparing 100k+ chains against `iptables-save` on every sync.
-pub type ChainKey = u128;
+pub(crate) type ChainKey = u128;
 
 const KEY_PREFIXES: [(&str, u128); 5] = [
     (SERVICE_CHAIN_PREFIX, 1),
@@ -58,7 +59,7 @@ const KEY_PREFIXES: [(&str, u128); 5] = [
 
 /// The [`ChainKey`] of a per-service chain name, or `None` when the name is not one we
 /// generate (wrong prefix, or not 16 base32 characters after it).
-pub fn chain_key(name: &str) -> Option<ChainKey> {
+pub(crate) fn chain_key(name: &str) -> Option<ChainKey> {
     let (kind, rest) = KEY_PREFIXES.iter().find_map(|(p, k)| name.strip_prefix(p).map(|rest| (*k, rest)))?;
     if rest.len() != 16 {
         return None;
@@ -81,7 +82,7 @@ const MAX_HASHED_NAME: usize = 25;
 /// A hashed chain name spelled out from its [`ChainKey`], on the stack: lets endpoints keep
 /// only the key.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct ChainName {
+pub(crate) struct ChainName {
     buf: [u8; MAX_HASHED_NAME],
     len: u8,
 }
@@ -120,7 +121,7 @@ impl PartialEq<&str> for ChainName {
 
 /// The chain name a [`ChainKey`] was decoded from (the inverse of [`chain_key`]); empty
 /// for a key no name decodes to.
-pub fn chain_name(key: ChainKey) -> ChainName {
+pub(crate) fn chain_name(key: ChainKey) -> ChainName {
     const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     let mut name = ChainName { buf: [0; MAX_HASHED_NAME], len: 0 };
     let kind = key >> 80;
@@ -240,7 +241,7 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 /// A set of [`ChainKey`]s.
-pub type KeySet = HashSet<ChainKey, std::hash::BuildHasherDefault<KeyHasher>>;
+pub(crate) type KeySet = HashSet<ChainKey, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// The per-service nat chains (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-SEP-`, `KUBE-FW-`, `KUBE-EXT-`)
 /// present in the kernel: the only chains stale-chain cleanup ever deletes. Names we generate

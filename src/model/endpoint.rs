@@ -81,15 +81,15 @@ impl EndpointInfo {
     }
 
     /// KUBE-SEP- chain for this endpoint of this service port.
-    pub fn chain_name(&self) -> ChainName {
+    pub(crate) fn chain_name(&self) -> ChainName {
         chain_name(self.chain_key)
     }
 
     /// Upstream's "serving and terminating" fallback condition: still able to take traffic
     /// while shutting down.
-    pub fn is_serving_terminating(&self) -> bool {
+    pub(crate) fn is_serving_terminating(&self) -> bool {
         self.serving && self.terminating
     }
 }
 
-pub type EndpointRef = Arc<EndpointInfo>;
+pub(crate) type EndpointRef = Arc<EndpointInfo>;

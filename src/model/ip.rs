@@ -18,7 +18,7 @@ use super::names::IpFamily;
 
 /// Parses an IP address the way Kubernetes does: leading zeros in IPv4 octets are read as
 /// decimal, and IPv4-mapped IPv6 addresses become IPv4 (Go treats them as IPv4).
-pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
+pub(crate) fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
     parse_ip_sloppy_raw(s).map(normalize)
 }
 
@@ -39,7 +39,7 @@ fn parse_ip_sloppy_raw(s: &str) -> Option<IpAddr> {
 }
 
 /// Maps IPv4-mapped IPv6 addresses to IPv4, leaves everything else alone.
-pub fn normalize(ip: IpAddr) -> IpAddr {
+pub(crate) fn normalize(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
@@ -76,7 +76,7 @@ fn parse_decimal_leading_zeros(s: &str) -> Option<u16> {
 
 /// Why an address or CIDR text cannot be written into rules.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AddressTextError {
+pub(crate) enum AddressTextError {
     #[error("{text:?} is not an IP address")]
     Invalid { text: String },
     #[error("{text:?} is not in canonical form (it means {canonical})")]
@@ -86,7 +86,7 @@ pub enum AddressTextError {
 /// Parses `text` as an address and requires text iptables reads as Kubernetes does: an IPv4
 /// address (IPv4-mapped ones included) spelled as [`format_ip`] writes it (no leading zeros,
 /// a dotted quad), an IPv6 address in any RFC 4291 spelling.
-pub fn parse_canonical_ip(text: &str) -> Result<IpAddr, AddressTextError> {
+pub(crate) fn parse_canonical_ip(text: &str) -> Result<IpAddr, AddressTextError> {
     let ip = parse_ip_sloppy(text).ok_or_else(|| AddressTextError::Invalid { text: text.to_owned() })?;
     let canonical = format_ip(&ip);
     if ip.is_ipv4() && canonical != text {
@@ -97,12 +97,12 @@ pub fn parse_canonical_ip(text: &str) -> Result<IpAddr, AddressTextError> {
 
 /// Formats an address as Go's `net.IP.String()` does (RFC 5952 for IPv6, dotted quad for
 /// IPv4 and IPv4-mapped addresses).
-pub fn format_ip(ip: &IpAddr) -> String {
+pub(crate) fn format_ip(ip: &IpAddr) -> String {
     normalize(*ip).to_string()
 }
 
 /// `ip:port`, with brackets around IPv6 addresses (Go's `net.JoinHostPort`).
-pub fn join_host_port(ip: &str, port: i32) -> String {
+pub(crate) fn join_host_port(ip: &str, port: i32) -> String {
     if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") }
 }
 
@@ -129,7 +129,7 @@ impl Cidr {
     /// be set (iptables masks them, as the API allows); only the spelling is checked. An
     /// IPv4-mapped IPv6 network is IPv4 to Kubernetes but keeps an IPv6 prefix length, which
     /// iptables rejects: it is never canonical.
-    pub fn parse_canonical(text: &str) -> Result<Cidr, AddressTextError> {
+    pub(crate) fn parse_canonical(text: &str) -> Result<Cidr, AddressTextError> {
         let cidr = Cidr::parse_sloppy(text).ok_or_else(|| AddressTextError::Invalid { text: text.to_owned() })?;
         let (addr, prefix) = text.split_once('/').unwrap_or((text, ""));
         let addr_canonical = match addr.parse::<IpAddr>() {
@@ -212,7 +212,7 @@ impl Cidr {
     }
 
     /// `0.0.0.0/0` or `::/0`.
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         self.prefix == 0
     }
 }

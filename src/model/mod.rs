@@ -8,7 +8,8 @@ pub mod names;
 pub mod node;
 pub mod service;
 
-pub use endpoint::{EndpointInfo, EndpointRef, NodeHints};
+pub(crate) use endpoint::{EndpointInfo, EndpointRef, NodeHints};
 pub use ip::Cidr;
 pub use names::{IpFamily, NamespacedName, Protocol, ServicePortName};
-pub use service::{InvalidService, ServicePortInfo, ServicePortRef, SourceRange, service_ports, skipped_addresses};
+pub use service::InvalidService;
+pub(crate) use service::{ServicePortInfo, ServicePortRef, service_ports, skipped_addresses};

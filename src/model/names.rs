@@ -21,7 +21,7 @@ impl IpFamily {
     }
 
     /// The Kubernetes API spelling (`IPv4` / `IPv6`).
-    pub fn api_name(self) -> &'static str {
+    pub(crate) fn api_name(self) -> &'static str {
         match self {
             IpFamily::V4 => "IPv4",
             IpFamily::V6 => "IPv6",
@@ -29,7 +29,7 @@ impl IpFamily {
     }
 
     /// The spelling EndpointSlice `addressType` uses for this family.
-    pub fn slice_address_type(self) -> &'static str {
+    pub(crate) fn slice_address_type(self) -> &'static str {
         self.api_name()
     }
 }
@@ -69,7 +69,7 @@ impl Protocol {
     }
 
     /// The API spelling.
-    pub fn api_name(self) -> &'static str {
+    pub(crate) fn api_name(self) -> &'static str {
         match self {
             Protocol::Tcp => "TCP",
             Protocol::Udp => "UDP",

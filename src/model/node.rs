@@ -11,7 +11,7 @@ use super::names::IpFamily;
 
 /// The parts of this node the proxier uses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeInfo {
+pub(crate) struct NodeInfo {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub pod_cidrs: Vec<String>,
@@ -62,7 +62,7 @@ impl NodeInfo {
 /// host IPs, overridden for its family by a specified (non-unspecified) bind address; a family
 /// with no address gets the loopback address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeIps {
+pub(crate) struct NodeIps {
     pub primary: IpFamily,
     pub v4: IpAddr,
     pub v6: IpAddr,

@@ -19,20 +19,21 @@ use crate::model::chains::ServiceChainNames;
 
 /// Annotation selecting topology-aware routing (`Auto`, `auto`, anything else but
 /// `disabled`/`Disabled` enables hints in kube-proxy).
-pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+pub(crate) const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
 /// The deprecated spelling of [`ANNOTATION_TOPOLOGY_MODE`]; it wins when both are present.
-pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+pub(crate) const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// `status.loadBalancer.ingress[].ipMode` of a load balancer that delivers packets with
 /// the service IP as destination (the node may short-circuit it).
-pub const IP_MODE_VIP: &str = "VIP";
+pub(crate) const IP_MODE_VIP: &str = "VIP";
 /// ClientIP affinity timeout used when `sessionAffinityConfig` is absent (the API default).
-pub const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: i32 = 10800;
+pub(crate) const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: i32 = 10800;
 /// The legacy way to set source ranges (comma-separated CIDRs). Upstream kube-proxy 1.29
 /// reads only the spec field; cloud providers fall back to this annotation when the field
 /// is empty, and so do we, so that the node enforces what the load balancer enforces.
-pub const ANNOTATION_LOAD_BALANCER_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+pub(crate) const ANNOTATION_LOAD_BALANCER_SOURCE_RANGES: &str =
+    "service.beta.kubernetes.io/load-balancer-source-ranges";
 /// Largest ClientIP affinity timeout the API accepts.
-pub const MAX_CLIENT_IP_TIMEOUT_SECONDS: i32 = 86400;
+pub(crate) const MAX_CLIENT_IP_TIMEOUT_SECONDS: i32 = 86400;
 
 /// One entry of `spec.loadBalancerSourceRanges` (or, when that is empty, of the
 /// [`ANNOTATION_LOAD_BALANCER_SOURCE_RANGES`] annotation), as written in rules.
@@ -87,31 +88,31 @@ pub struct ServicePortInfo {
 
 impl ServicePortInfo {
     /// Whether NodePort, external IP or load-balancer traffic can reach this port.
-    pub fn externally_accessible(&self) -> bool {
+    pub(crate) fn externally_accessible(&self) -> bool {
         self.node_port != 0 || !self.load_balancer_ips.is_empty() || !self.external_ips.is_empty()
     }
 
     /// Whether load-balancer traffic is filtered by source (a KUBE-FW- chain): source ranges
     /// were given for this family, even if every one was skipped as not canonical.
-    pub fn filters_load_balancer_sources(&self) -> bool {
+    pub(crate) fn filters_load_balancer_sources(&self) -> bool {
         !self.load_balancer_source_ranges.is_empty() || self.source_ranges_skipped
     }
 
     /// Whether any traffic to this port uses the "Cluster" endpoint set.
-    pub fn uses_cluster_endpoints(&self) -> bool {
+    pub(crate) fn uses_cluster_endpoints(&self) -> bool {
         // External traffic needs the Cluster set even with Local policy: pod and host traffic
         // to external destinations is short-circuited to it.
         !self.internal_policy_local || self.externally_accessible()
     }
 
     /// Whether any traffic to this port uses the "Local" endpoint set.
-    pub fn uses_local_endpoints(&self) -> bool {
+    pub(crate) fn uses_local_endpoints(&self) -> bool {
         self.internal_policy_local || (self.externally_accessible() && self.external_policy_local)
     }
 }
 
 /// Shared, immutable service port entries: the maps hand out clones of the `Arc`.
-pub type ServicePortRef = Arc<ServicePortInfo>;
+pub(crate) type ServicePortRef = Arc<ServicePortInfo>;
 
 /// Why a Service was not turned into service ports. Every variant names the Service; the
 /// caller logs it and treats the Service as absent.
@@ -145,7 +146,7 @@ pub enum InvalidService {
 /// Empty (not an error) when upstream skips the Service: headless (`clusterIP` empty or
 /// `None`), `type: ExternalName`, or no cluster IP of this family. A port without a protocol
 /// is treated as TCP, the API default, which API servers always fill in.
-pub fn service_ports(
+pub(crate) fn service_ports(
     svc: &Service,
     family: IpFamily,
     features: &Features,
@@ -481,7 +482,7 @@ fn source_ranges_of_family<'a>(
 /// Every address of `svc` that is skipped because its text cannot be written into rules
 /// (invalid, or, before 1.30, not in canonical form), whatever its family: one line per
 /// entry, naming the Service and the field, for the Warning events the watch side raises.
-pub fn skipped_addresses(svc: &Service, features: &Features) -> Vec<String> {
+pub(crate) fn skipped_addresses(svc: &Service, features: &Features) -> Vec<String> {
     let Some(spec) = svc.spec.as_ref() else {
         return Vec::new();
     };

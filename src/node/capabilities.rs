@@ -143,7 +143,7 @@ pub trait CapabilityProbe {
 
 /// `/proc/self/status` (or another file in its format, for tests).
 #[derive(Debug, Clone)]
-pub struct ProcStatus {
+pub(crate) struct ProcStatus {
     path: PathBuf,
 }
 
@@ -154,6 +154,7 @@ impl Default for ProcStatus {
 }
 
 impl ProcStatus {
+    #[cfg(test)]
     pub fn at(path: impl Into<PathBuf>) -> Self {
         ProcStatus { path: path.into() }
     }

@@ -23,7 +23,7 @@ pub const CT_STATE_INVALID_DROPPED: &str = "ct_state_invalid_dropped_pkts";
 pub const LOCALHOST_NODEPORTS_ACCEPTED: &str = "localhost_nps_accepted_pkts";
 
 /// The nfacct tool (looked up in `PATH`).
-pub const NFACCT_PROGRAM: &str = "nfacct";
+pub(crate) const NFACCT_PROGRAM: &str = "nfacct";
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,7 +59,8 @@ pub struct NfacctCounters {
 
 impl NfacctCounters {
     /// Both objects, as upstream's unit tests (and so `render`) assume.
-    pub const BOTH: NfacctCounters =
+    #[cfg(test)]
+    pub(crate) const BOTH: NfacctCounters =
         NfacctCounters { ct_state_invalid_dropped: true, localhost_nodeports_accepted: true };
 
     /// Makes sure of both objects through `nfacct`; an object that cannot be created is
@@ -80,7 +81,7 @@ impl NfacctCounters {
 }
 
 /// Runs the `nfacct` tool, optionally inside a network namespace (tests).
-pub struct ExecNfacct {
+pub(crate) struct ExecNfacct {
     exec: Arc<dyn Exec>,
     netns: Option<String>,
 }
@@ -97,6 +98,7 @@ impl ExecNfacct {
     }
 
     /// Runs every command inside the named network namespace.
+    #[cfg(test)]
     pub fn in_netns(mut self, name: impl Into<String>) -> Self {
         self.netns = Some(name.into());
         self

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 /// Valid range of `oom_score_adj`.
-pub const OOM_SCORE_ADJ_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+pub(crate) const OOM_SCORE_ADJ_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 
 #[derive(Debug, thiserror::Error)]
-pub enum OomError {
+pub(crate) enum OomError {
     #[error("oom_score_adj {0} is outside [-1000, 1000]")]
     OutOfRange(i32),
     #[error("failed to write oom_score_adj {value} to {path}: {source}")]
@@ -18,13 +18,13 @@ pub enum OomError {
 }
 
 /// Sets this process's `oom_score_adj`.
-pub trait OomScoreAdjuster: Send + Sync {
+pub(crate) trait OomScoreAdjuster: Send + Sync {
     fn apply(&self, value: i32) -> Result<(), OomError>;
 }
 
 /// Writes `/proc/self/oom_score_adj` (or another path, for tests).
 #[derive(Debug, Clone)]
-pub struct ProcOomScoreAdjuster {
+pub(crate) struct ProcOomScoreAdjuster {
     path: PathBuf,
 }
 
@@ -35,6 +35,7 @@ impl Default for ProcOomScoreAdjuster {
 }
 
 impl ProcOomScoreAdjuster {
+    #[cfg(test)]
     pub fn at(path: impl Into<PathBuf>) -> Self {
         ProcOomScoreAdjuster { path: path.into() }
     }
@@ -84,7 +85,7 @@ impl OomScoreAdjuster for FakeOomScoreAdjuster {
 /// warning (upstream logs it at verbosity 2) because the unprivileged DaemonSet meets it on
 /// every start: lowering the score needs `CAP_SYS_RESOURCE`, which is not worth granting for it
 /// (the kubelet already gives a system-node-critical pod -997).
-pub fn apply_oom_score_adj(adjuster: &dyn OomScoreAdjuster, value: i32) {
+pub(crate) fn apply_oom_score_adj(adjuster: &dyn OomScoreAdjuster, value: i32) {
     match adjuster.apply(value) {
         Ok(()) => tracing::debug!(oom_score_adj = value, "applied oom_score_adj"),
         Err(OomError::Write { source, .. }) if source.kind() == io::ErrorKind::PermissionDenied => tracing::warn!(

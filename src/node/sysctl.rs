@@ -16,22 +16,22 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::config::ConntrackSettings;
 
-pub const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
-pub const BRIDGE_NF_CALL_IPTABLES: &str = "net/bridge/bridge-nf-call-iptables";
-pub const NF_CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
-pub const NF_CONNTRACK_TCP_TIMEOUT_ESTABLISHED: &str = "net/netfilter/nf_conntrack_tcp_timeout_established";
-pub const NF_CONNTRACK_TCP_TIMEOUT_CLOSE_WAIT: &str = "net/netfilter/nf_conntrack_tcp_timeout_close_wait";
-pub const NF_CONNTRACK_TCP_BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
-pub const NF_CONNTRACK_UDP_TIMEOUT: &str = "net/netfilter/nf_conntrack_udp_timeout";
-pub const NF_CONNTRACK_UDP_TIMEOUT_STREAM: &str = "net/netfilter/nf_conntrack_udp_timeout_stream";
+pub(crate) const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
+pub(crate) const BRIDGE_NF_CALL_IPTABLES: &str = "net/bridge/bridge-nf-call-iptables";
+pub(crate) const NF_CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
+pub(crate) const NF_CONNTRACK_TCP_TIMEOUT_ESTABLISHED: &str = "net/netfilter/nf_conntrack_tcp_timeout_established";
+pub(crate) const NF_CONNTRACK_TCP_TIMEOUT_CLOSE_WAIT: &str = "net/netfilter/nf_conntrack_tcp_timeout_close_wait";
+pub(crate) const NF_CONNTRACK_TCP_BE_LIBERAL: &str = "net/netfilter/nf_conntrack_tcp_be_liberal";
+pub(crate) const NF_CONNTRACK_UDP_TIMEOUT: &str = "net/netfilter/nf_conntrack_udp_timeout";
+pub(crate) const NF_CONNTRACK_UDP_TIMEOUT_STREAM: &str = "net/netfilter/nf_conntrack_udp_timeout_stream";
 
 /// The conntrack hash table size (a module parameter in sysfs, not a sysctl).
-pub const CONNTRACK_HASHSIZE_PATH: &str = "/sys/module/nf_conntrack/parameters/hashsize";
+pub(crate) const CONNTRACK_HASHSIZE_PATH: &str = "/sys/module/nf_conntrack/parameters/hashsize";
 
 /// Reason of the Node event upstream raises when `/sys` is read-only.
-pub const READ_ONLY_SYSFS_REASON: &str = "readOnlySysFS";
+pub(crate) const READ_ONLY_SYSFS_REASON: &str = "readOnlySysFS";
 /// Message of that event.
-pub const READ_ONLY_SYSFS_MESSAGE: &str = "CRI error: /sys is read-only: cannot modify conntrack limits, problems may arise later (If running Docker, see docker issue #24000)";
+pub(crate) const READ_ONLY_SYSFS_MESSAGE: &str = "CRI error: /sys is read-only: cannot modify conntrack limits, problems may arise later (If running Docker, see docker issue #24000)";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SysctlError {
@@ -86,7 +86,7 @@ fn parse_int(text: &str) -> Option<i64> {
 
 /// Sysctls under `/proc/sys` (of the calling thread's network namespace).
 #[derive(Debug, Clone)]
-pub struct ProcSysctl {
+pub(crate) struct ProcSysctl {
     root: PathBuf,
 }
 
@@ -102,7 +102,8 @@ impl ProcSysctl {
     }
 
     /// Sysctls under another root (tests).
-    pub fn with_root(root: impl Into<PathBuf>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_root(root: impl Into<PathBuf>) -> Self {
         ProcSysctl { root: root.into() }
     }
 }
@@ -183,7 +184,7 @@ impl Sysctl for FakeSysctl {
 
 /// Sets `name` to `value` unless it already holds it (upstream `EnsureSysctl`; an unreadable
 /// value counts as different).
-pub fn ensure_sysctl(sysctl: &dyn Sysctl, name: &str, value: i64) -> Result<()> {
+pub(crate) fn ensure_sysctl(sysctl: &dyn Sysctl, name: &str, value: i64) -> Result<()> {
     let before = sysctl.get(name).ok();
     if before == Some(value) {
         return Ok(());
@@ -195,7 +196,7 @@ pub fn ensure_sysctl(sysctl: &dyn Sysctl, name: &str, value: i64) -> Result<()> 
 
 /// `route_localnet=1`, which NodePorts on 127.0.0.1 need (only when localhost NodePorts are
 /// on and nodePortAddresses includes loopback).
-pub fn ensure_route_localnet(sysctl: &dyn Sysctl) -> Result<()> {
+pub(crate) fn ensure_route_localnet(sysctl: &dyn Sysctl) -> Result<()> {
     tracing::info!(
         "setting route_localnet=1 to allow node-ports on localhost; to change this either disable \
          iptables.localhostNodePorts (--iptables-localhost-nodeports) or set nodePortAddresses \
@@ -206,7 +207,7 @@ pub fn ensure_route_localnet(sysctl: &dyn Sysctl) -> Result<()> {
 
 /// Whether `nf_conntrack_tcp_be_liberal` is set, in which case conntrack never marks
 /// out-of-window packets INVALID and the rule dropping them is not needed.
-pub fn conntrack_tcp_be_liberal(sysctl: &dyn Sysctl) -> bool {
+pub(crate) fn conntrack_tcp_be_liberal(sysctl: &dyn Sysctl) -> bool {
     let liberal = sysctl.get(NF_CONNTRACK_TCP_BE_LIBERAL).is_ok_and(|v| v != 0);
     if liberal {
         tracing::info!("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets");
@@ -217,7 +218,7 @@ pub fn conntrack_tcp_be_liberal(sysctl: &dyn Sysctl) -> bool {
 /// Warns when bridged traffic bypasses iptables (`br_netfilter` missing or
 /// `bridge-nf-call-iptables` off). Returns false when it warned. Upstream 1.29 does this check
 /// in IPVS mode only; iptables mode is affected just the same.
-pub fn check_bridge_nf_call_iptables(sysctl: &dyn Sysctl) -> bool {
+pub(crate) fn check_bridge_nf_call_iptables(sysctl: &dyn Sysctl) -> bool {
     match sysctl.get(BRIDGE_NF_CALL_IPTABLES) {
         Ok(v) if v != 1 => {
             tracing::warn!(
@@ -232,7 +233,7 @@ pub fn check_bridge_nf_call_iptables(sysctl: &dyn Sysctl) -> bool {
 
 /// The conntrack hash table size and whether sysfs can be written (upstream's
 /// `realConntracker` internals), behind a trait so tests need no real `/sys`.
-pub trait ConntrackSysfs: Send + Sync {
+pub(crate) trait ConntrackSysfs: Send + Sync {
     fn hashsize(&self) -> Result<i64>;
     fn set_hashsize(&self, value: i64) -> Result<()>;
     /// Whether the first sysfs mount is read-write.
@@ -242,7 +243,7 @@ pub trait ConntrackSysfs: Send + Sync {
 /// The real `/sys/module/nf_conntrack/parameters/hashsize`, with `/proc/mounts` to tell
 /// whether sysfs is writable.
 #[derive(Debug, Clone)]
-pub struct RealConntrackSysfs {
+pub(crate) struct RealConntrackSysfs {
     pub hashsize_path: PathBuf,
     pub mounts_path: PathBuf,
 }
@@ -278,7 +279,7 @@ impl ConntrackSysfs for RealConntrackSysfs {
 }
 
 /// Whether the first `sysfs` mount in a `/proc/mounts` listing is `rw`; `None` without one.
-pub fn sysfs_writable_in(mounts: &str) -> Option<bool> {
+pub(crate) fn sysfs_writable_in(mounts: &str) -> Option<bool> {
     mounts.lines().find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
         (fields.get(2) == Some(&"sysfs")).then(|| fields.get(3).and_then(|o| o.split(',').next()) == Some("rw"))
@@ -287,7 +288,7 @@ pub fn sysfs_writable_in(mounts: &str) -> Option<bool> {
 
 /// Number of CPUs for `conntrack.maxPerCore`: the online CPUs sysfs lists (not limited by
 /// cgroups or affinity, like upstream), else what the standard library sees.
-pub fn detect_num_cpu() -> usize {
+pub(crate) fn detect_num_cpu() -> usize {
     std::fs::read_to_string("/sys/devices/system/cpu/online")
         .ok()
         .and_then(|s| parse_cpu_list(&s))
@@ -296,7 +297,7 @@ pub fn detect_num_cpu() -> usize {
 }
 
 /// Counts the CPUs in a kernel CPU list such as `0-3,6,8-9`.
-pub fn parse_cpu_list(list: &str) -> Option<usize> {
+pub(crate) fn parse_cpu_list(list: &str) -> Option<usize> {
     let mut count = 0usize;
     for part in list.trim().split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {
@@ -315,7 +316,7 @@ pub fn parse_cpu_list(list: &str) -> Option<usize> {
 
 /// `nf_conntrack_max` to set: `maxPerCore × cpus`, at least `min`; `None` when `maxPerCore`
 /// is 0 (leave the kernel's value alone).
-pub fn conntrack_max(settings: &ConntrackSettings, num_cpus: usize) -> Option<i64> {
+pub(crate) fn conntrack_max(settings: &ConntrackSettings, num_cpus: usize) -> Option<i64> {
     if settings.max_per_core == 0 {
         return None;
     }
@@ -337,7 +338,7 @@ pub struct ConntrackOutcome {
 /// size, a quarter of it, when smaller), TCP established and close-wait timeouts, liberal TCP
 /// tracking when asked, UDP timeouts. Zero values leave the kernel alone; each sysctl is written
 /// only when it differs. Stops at the first error.
-pub fn apply_conntrack_settings(
+pub(crate) fn apply_conntrack_settings(
     sysctl: &dyn Sysctl,
     sysfs: &dyn ConntrackSysfs,
     settings: &ConntrackSettings,

@@ -46,17 +46,17 @@ impl LocalDetector {
         })
     }
 
-    pub fn is_implemented(&self) -> bool {
+    pub(crate) fn is_implemented(&self) -> bool {
         !matches!(self, LocalDetector::NoOp)
     }
 
     /// Arguments matching traffic from local pods (empty for the no-op detector).
-    pub fn if_local(&self) -> Vec<String> {
+    pub(crate) fn if_local(&self) -> Vec<String> {
         self.args(false)
     }
 
     /// Arguments matching traffic not from local pods (empty for the no-op detector).
-    pub fn if_not_local(&self) -> Vec<String> {
+    pub(crate) fn if_not_local(&self) -> Vec<String> {
         self.args(true)
     }
 

@@ -145,7 +145,7 @@ pub const JUMP_CHAINS: &[JumpChain] = &[
 ];
 
 /// kubelet's chains, ensured on full syncs but never removed by cleanup.
-pub const KUBELET_JUMP_CHAINS: &[JumpChain] = &[
+pub(crate) const KUBELET_JUMP_CHAINS: &[JumpChain] = &[
     JumpChain {
         table: Table::Filter,
         dst: chains::KUBE_FIREWALL,
@@ -271,7 +271,7 @@ pub struct Proxier {
 }
 
 /// Called after each step of a restore that succeeded.
-pub type SyncProgress = Arc<dyn Fn() + Send + Sync>;
+pub(crate) type SyncProgress = Arc<dyn Fn() + Send + Sync>;
 
 impl Proxier {
     pub fn new(cfg: ProxierConfig, iptables: Arc<dyn Iptables>, interfaces: Arc<dyn NetworkInterfaces>) -> Self {
@@ -280,7 +280,7 @@ impl Proxier {
 
     /// A proxier whose recorder reports every recorded change to `observer` (the change
     /// metrics).
-    pub fn with_recorder(
+    pub(crate) fn with_recorder(
         cfg: ProxierConfig,
         iptables: Arc<dyn Iptables>,
         interfaces: Arc<dyn NetworkInterfaces>,
@@ -322,13 +322,13 @@ impl Proxier {
 
     /// Makes sure of the accounting objects through `nfacct` on every full sync, and names
     /// the ones that exist in the rules (releases 1.31 and later), as upstream.
-    pub fn with_nfacct(mut self, nfacct: Arc<dyn Nfacct>) -> Self {
+    pub(crate) fn with_nfacct(mut self, nfacct: Arc<dyn Nfacct>) -> Self {
         self.nfacct = Some(nfacct);
         self
     }
 
     /// Reports sync progress to `progress` (the daemon's liveness).
-    pub fn with_progress(mut self, progress: SyncProgress) -> Self {
+    pub(crate) fn with_progress(mut self, progress: SyncProgress) -> Self {
         self.progress = Some(progress);
         self
     }
@@ -374,17 +374,8 @@ impl Proxier {
         self.cfg.render.family
     }
 
-    pub fn is_initialized(&self) -> bool {
-        self.changes.is_initialized()
-    }
-
     pub fn services(&self) -> &ServicePortMap {
         &self.services
-    }
-
-    /// Why this proxier rejected the current state of `service`, if it did.
-    pub fn invalid_service(&self, service: &NamespacedName) -> Option<crate::model::InvalidService> {
-        self.changes.invalid_service(service)
     }
 
     pub fn endpoints(&self) -> &EndpointsMap {

@@ -38,7 +38,7 @@ impl NodePortAddresses {
 
     /// Resolves the special value `primary` (the only entry) to the node's IPs, `/32` and
     /// `/128`, leaving out loopback fallbacks; any other list is returned as is.
-    pub fn resolve_primary(addresses: &[String], node_ips: &[IpAddr]) -> Vec<String> {
+    pub(crate) fn resolve_primary(addresses: &[String], node_ips: &[IpAddr]) -> Vec<String> {
         if addresses.len() != 1 || addresses[0] != crate::config::NODE_PORT_ADDRESSES_PRIMARY {
             return addresses.to_vec();
         }
@@ -53,11 +53,11 @@ impl NodePortAddresses {
     }
 
     /// Every local address of the family accepts NodePorts.
-    pub fn match_all(&self) -> bool {
+    pub(crate) fn match_all(&self) -> bool {
         self.match_all
     }
 
-    pub fn contains_ipv4_loopback(&self) -> bool {
+    pub(crate) fn contains_ipv4_loopback(&self) -> bool {
         self.contains_ipv4_loopback
     }
 
@@ -66,7 +66,7 @@ impl NodePortAddresses {
     }
 
     /// The host addresses inside the CIDRs, deduplicated, in CIDR order then interface order.
-    pub fn node_ips(&self, interface_addrs: &[IpAddr]) -> Vec<IpAddr> {
+    pub(crate) fn node_ips(&self, interface_addrs: &[IpAddr]) -> Vec<IpAddr> {
         let mut out: Vec<IpAddr> = Vec::new();
         for cidr in &self.cidrs {
             for ip in interface_addrs {

@@ -31,10 +31,10 @@ use crate::serve::http::{self, Body, HttpError, Limits, ServerHandle, respond};
 use crate::tracker::{HealthCheckNodePorts, LocalReadyEndpoints};
 
 /// Header carrying the local endpoint count, for load balancers that weigh nodes by it.
-pub const ENDPOINT_WEIGHT_HEADER: &str = "x-load-balancing-endpoint-weight";
+pub(crate) const ENDPOINT_WEIGHT_HEADER: &str = "x-load-balancing-endpoint-weight";
 
 #[derive(Debug, thiserror::Error)]
-pub enum HealthCheckError {
+pub(crate) enum HealthCheckError {
     #[error("node {node} failed to start healthcheck \"{service}\" on port {port}: {source}")]
     Listen {
         node: String,
@@ -59,7 +59,7 @@ impl HealthCheckError {
 /// interfaces cannot be listed — the unspecified IPv6 address, which on Linux accepts IPv4 too
 /// (falling back to `0.0.0.0` where IPv6 is off). An empty result means no address matched, so
 /// no listener is opened (as upstream).
-pub fn listen_addresses(families: &[&NodePortAddresses], interfaces: &dyn NetworkInterfaces) -> Vec<IpAddr> {
+pub(crate) fn listen_addresses(families: &[&NodePortAddresses], interfaces: &dyn NetworkInterfaces) -> Vec<IpAddr> {
     let all = vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)];
     if families.is_empty() || families.iter().any(|n| n.match_all()) {
         return all;
@@ -86,7 +86,7 @@ pub fn listen_addresses(families: &[&NodePortAddresses], interfaces: &dyn Networ
 }
 
 /// The JSON body of a health-check answer, byte for byte as upstream writes it.
-pub fn response_body(service: &NamespacedName, local_endpoints: usize, proxy_healthy: bool) -> String {
+pub(crate) fn response_body(service: &NamespacedName, local_endpoints: usize, proxy_healthy: bool) -> String {
     let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""));
     format!(
         "{{\n\t\"service\": {{\n\t\t\"namespace\": {},\n\t\t\"name\": {}\n\t}},\n\t\"localEndpoints\": {},\n\t\"serviceProxyHealthy\": {}\n}}",
@@ -162,8 +162,9 @@ impl ServiceHealthServer {
     }
 
     /// Other client limits for the ports opened from now on (tests use short timeouts).
+    #[cfg(test)]
     #[must_use]
-    pub fn with_limits(mut self, limits: Limits) -> Self {
+    pub(crate) fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
     }
@@ -171,7 +172,7 @@ impl ServiceHealthServer {
     /// Makes the set of health checks exactly `services` (Service → port): closes those no
     /// longer wanted or whose port changed, keeps the others, opens the new ones. Returns the
     /// health checks that could not be started; they are retried on the next call.
-    pub fn sync_services(&self, services: &HealthCheckNodePorts) -> Vec<HealthCheckError> {
+    pub(crate) fn sync_services(&self, services: &HealthCheckNodePorts) -> Vec<HealthCheckError> {
         let mut current = self.inner.services();
         current.retain(|name, instance| {
             let keep = services.get(name) == Some(&instance.port);
@@ -208,7 +209,7 @@ impl ServiceHealthServer {
 
     /// Records local ready endpoint counts; health checks of Services not in `counts` report
     /// zero, and counts of Services without a health check are ignored.
-    pub fn sync_endpoints(&self, counts: &LocalReadyEndpoints) {
+    pub(crate) fn sync_endpoints(&self, counts: &LocalReadyEndpoints) {
         let mut current = self.inner.services();
         for (name, instance) in current.iter_mut() {
             let count = counts.get(name).copied().unwrap_or(0);
@@ -229,7 +230,7 @@ impl ServiceHealthServer {
     }
 
     /// Closes every health check.
-    pub fn close_all(&self) {
+    pub(crate) fn close_all(&self) {
         let mut current = self.inner.services();
         for instance in current.values() {
             for server in &instance.servers {

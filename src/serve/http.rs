@@ -68,29 +68,29 @@ pub const MAX_CONNECTIONS: usize = 100;
 /// for it (hyper starts the timer then, so it also bounds a keep-alive wait). Real clients send
 /// their head in one packet; 10 s frees a slot held by a slowloris client quickly, yet leaves
 /// a slow network plenty of margin.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Longest a connection may move no byte in either direction. Probes and scrapes are one
 /// request every few seconds or more, and reconnecting costs a loopback or LAN round trip, so
 /// keeping idle connections longer buys clients little and costs a slot each.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Largest request head (request line and headers) read. The requests these endpoints get are
 /// a few hundred bytes; 16 KiB is what common proxies allow per header block.
-pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 /// The smallest head limit hyper accepts (its initial read buffer); smaller values are raised
 /// to it, since hyper panics below it.
-pub const MIN_HEAD_BYTES: usize = 8192;
+pub(crate) const MIN_HEAD_BYTES: usize = 8192;
 
 /// Pause after a failed `accept` (out of file descriptors, ...) so the loop does not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
 /// `X-Content-Type-Options`, which every kube-proxy endpoint sets to `nosniff`.
-pub const X_CONTENT_TYPE_OPTIONS: &str = "x-content-type-options";
+pub(crate) const X_CONTENT_TYPE_OPTIONS: &str = "x-content-type-options";
 
 /// What a server answers to a method other than GET or HEAD lists in `Allow`.
-pub const ALLOWED_METHODS: &str = "GET, HEAD";
+pub(crate) const ALLOWED_METHODS: &str = "GET, HEAD";
 
 /// What one server lets its clients hold; [`Limits::default`] is the production setting
 /// (tests use short timeouts).
@@ -154,7 +154,7 @@ where
 }
 
 /// A response with the given status, `Content-Type`, `X-Content-Type-Options: nosniff` and body.
-pub fn respond(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+pub(crate) fn respond(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     let mut resp = Response::new(Full::new(body.into()));
     *resp.status_mut() = status;
     let headers = resp.headers_mut();
@@ -164,13 +164,13 @@ pub fn respond(status: StatusCode, content_type: &'static str, body: impl Into<B
 }
 
 /// Go's `http.NotFound`: `404 page not found`.
-pub fn not_found() -> Response<Body> {
+pub(crate) fn not_found() -> Response<Body> {
     respond(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "404 page not found\n")
 }
 
 /// `405 Method Not Allowed` as Go's `ServeMux` writes it, with `Allow: GET, HEAD`; the
 /// connection is closed after it, so a request body is never read.
-pub fn method_not_allowed() -> Response<Body> {
+pub(crate) fn method_not_allowed() -> Response<Body> {
     let mut resp = respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "Method Not Allowed\n");
     resp.headers_mut().insert(ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
     resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
@@ -183,7 +183,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
 }
 
 /// Binds a listening socket synchronously and registers it with the runtime behind `runtime`.
-pub fn bind_sync(addr: SocketAddr, runtime: &tokio::runtime::Handle) -> Result<TcpListener> {
+pub(crate) fn bind_sync(addr: SocketAddr, runtime: &tokio::runtime::Handle) -> Result<TcpListener> {
     let std_listener = std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
     std_listener.set_nonblocking(true).map_err(|source| HttpError::Register { addr, source })?;
     let _entered = runtime.enter();
@@ -361,7 +361,7 @@ async fn serve_connection(
 /// and tokio-io-timeout times reads and writes separately and is not otherwise needed. It is a
 /// deadline reset on progress, tested through the server (`idle_connections_are_closed`).
 #[derive(Debug)]
-pub struct IdleTimeout<S> {
+pub(crate) struct IdleTimeout<S> {
     inner: S,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
@@ -468,7 +468,7 @@ pub(crate) mod test_client {
     use tokio::net::TcpStream;
 
     #[derive(Debug)]
-    pub struct TestResponse {
+    pub(crate) struct TestResponse {
         pub status: u16,
         /// Lower-cased header names.
         pub headers: BTreeMap<String, String>,
@@ -506,7 +506,7 @@ pub(crate) mod test_client {
 
     /// Whether a connection to `addr` that sends nothing is closed by the server within
     /// `limit`.
-    pub async fn silent_connection_closed(addr: SocketAddr, limit: std::time::Duration) -> bool {
+    pub(crate) async fn silent_connection_closed(addr: SocketAddr, limit: std::time::Duration) -> bool {
         let Ok(mut stream) = TcpStream::connect(addr).await else {
             return false;
         };

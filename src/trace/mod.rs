@@ -12,10 +12,12 @@ pub mod report;
 pub mod rule;
 pub mod ruleset;
 
-pub use engine::{Packet, TraceError, trace};
-pub use report::{Destination, Step, Trace, Verdict};
+pub(crate) use engine::TraceError;
+pub use engine::{Packet, trace};
+pub use report::{Trace, Verdict};
 pub use rule::Proto;
-pub use ruleset::{LoadError, RuleSet};
+pub(crate) use ruleset::LoadError;
+pub use ruleset::RuleSet;
 
 /// Loads `text` (assuming kube-proxy's jump rules when the built-in chains are empty) and
 /// traces `pkt` through it.

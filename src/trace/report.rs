@@ -67,7 +67,7 @@ pub struct Trace {
 }
 
 impl Trace {
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a trace always serialises")
     }
 

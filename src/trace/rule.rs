@@ -306,7 +306,7 @@ const KNOWN_MODULES: &[&str] = &[
 ];
 
 /// Parses the words after `-A CHAIN`.
-pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
+pub(crate) fn parse_rule(text: &str) -> Result<Rule, RuleError> {
     let words = words(text)?;
     let words = words.as_slice();
     let mut rule = Rule { matches: Vec::new(), target: Target::None, comment: None };

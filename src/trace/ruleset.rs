@@ -62,7 +62,8 @@ impl<'t> LoadedRule<'t> {
     }
 
     /// Whether [`LoadedRule::rule`] has been called.
-    pub fn is_parsed(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_parsed(&self) -> bool {
         self.parsed.get().is_some()
     }
 }
@@ -75,7 +76,7 @@ pub struct Chain<'t> {
 }
 
 /// The built-in chains of a table (they exist without being declared).
-pub fn builtin_chains(table: &str) -> &'static [&'static str] {
+pub(crate) fn builtin_chains(table: &str) -> &'static [&'static str] {
     match table {
         "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
         "filter" => &["INPUT", "FORWARD", "OUTPUT"],
@@ -289,28 +290,27 @@ impl<'t> RuleSet<'t> {
         self.table(table).into_iter().flat_map(Table::iter)
     }
 
-    pub fn has_table(&self, table: &str) -> bool {
-        self.table(table).is_some()
-    }
-
+    #[cfg(test)]
     fn all_chains(&self) -> impl Iterator<Item = &Chain<'t>> {
         self.tables.iter().flat_map(|(_, t)| t.iter()).map(|(_, c)| c)
     }
 
     /// Number of rules in all tables.
-    pub fn rule_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn rule_count(&self) -> usize {
         self.all_chains().map(|c| c.rules.len()).sum()
     }
 
     /// Parses every rule now rather than on first use (for comparing with lazy loading).
-    pub fn parse_every_rule(&self) {
+    #[cfg(test)]
+    pub(crate) fn parse_every_rule(&self) {
         for rule in self.all_chains().flat_map(|c| &c.rules) {
             let _ = rule.rule();
         }
     }
 
     /// Whether any built-in chain of nat or filter has a rule.
-    pub fn has_builtin_rules(&self) -> bool {
+    pub(crate) fn has_builtin_rules(&self) -> bool {
         ["nat", "filter"]
             .iter()
             .any(|t| builtin_chains(t).iter().any(|c| self.chain(t, c).is_some_and(|c| !c.rules.is_empty())))
@@ -319,7 +319,7 @@ impl<'t> RuleSet<'t> {
     /// A render or restore file holds only our chains: add the jump rules kube-proxy ensures
     /// in the built-in chains (upstream `iptablesJumpChains`, each inserted at the top, so
     /// the last of the list comes first), for the chains the text declares.
-    pub fn assume_jump_rules_if_missing(&mut self) {
+    pub(crate) fn assume_jump_rules_if_missing(&mut self) {
         if self.has_builtin_rules() {
             return;
         }

@@ -19,7 +19,7 @@ use crate::model::ip::{AddressTextError, format_ip, parse_canonical_ip, parse_ip
 use crate::model::{EndpointInfo, EndpointRef, IpFamily, NamespacedName, NodeHints, Protocol, ServicePortName};
 
 /// The label naming the Service an EndpointSlice belongs to.
-pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+pub(crate) const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 
 /// Why an EndpointSlice cannot be filed under a Service.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,7 +31,7 @@ pub enum InvalidEndpointSlice {
 }
 
 /// The Service an EndpointSlice belongs to and the slice's own name.
-pub fn endpoint_slice_keys(slice: &EndpointSlice) -> Result<(NamespacedName, String), InvalidEndpointSlice> {
+pub(crate) fn endpoint_slice_keys(slice: &EndpointSlice) -> Result<(NamespacedName, String), InvalidEndpointSlice> {
     let namespace = slice.metadata.namespace.clone().unwrap_or_default();
     let name = slice.metadata.name.clone().unwrap_or_default();
     let service_name =
@@ -49,7 +49,7 @@ pub fn endpoint_slice_keys(slice: &EndpointSlice) -> Result<(NamespacedName, Str
 /// (invalid, or before 1.31 not in canonical form, see [`parse_canonical_ip`]): one line per
 /// endpoint, naming the slice, for the Warning events the watch side raises. Family
 /// mismatches are not listed (the other family's proxier may use them).
-pub fn skipped_endpoint_addresses(slice: &EndpointSlice, release: Release) -> Vec<String> {
+pub(crate) fn skipped_endpoint_addresses(slice: &EndpointSlice, release: Release) -> Vec<String> {
     if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
         return Vec::new();
     }
@@ -127,7 +127,7 @@ pub(crate) struct EndpointsChange {
 
 /// EndpointSlices of one IP family, per Service and slice name.
 #[derive(Debug)]
-pub struct EndpointSliceCache {
+pub(crate) struct EndpointSliceCache {
     /// This node's name: endpoints whose `nodeName` equals it are local. Empty means no
     /// endpoint is local.
     node_name: String,
@@ -153,7 +153,7 @@ impl EndpointSliceCache {
     /// Records `slice` (or its removal) as pending. Returns whether that changes anything:
     /// an update equal (in what the proxier uses) to the pending (or, with none pending, the
     /// applied) version is not a change, nor is removing a slice the cache never saw.
-    pub fn update_pending(&mut self, slice: &EndpointSlice, remove: bool) -> Result<bool, InvalidEndpointSlice> {
+    pub(crate) fn update_pending(&mut self, slice: &EndpointSlice, remove: bool) -> Result<bool, InvalidEndpointSlice> {
         let (service, slice_name) = endpoint_slice_keys(slice)?;
         let data = if remove { None } else { Some(self.record(&service, slice)) };
         let changed = match self.services.get(&service) {

@@ -13,7 +13,7 @@ use super::endpoints_map::{EndpointsMap, EndpointsUpdateResult, detect_stale_con
 use crate::model::{IpFamily, NamespacedName, Protocol};
 
 /// Annotation on EndpointSlices recording when the change they carry was triggered.
-pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+pub(crate) const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 impl EndpointsMap {
     /// Applies and clears the changes recorded in `tracker`.
@@ -77,7 +77,7 @@ impl EndpointChangeTracker {
     }
 
     /// As [`EndpointChangeTracker::new`], with an explicit start time (for tests).
-    pub fn with_start_time(
+    pub(crate) fn with_start_time(
         node_name: impl Into<String>,
         family: IpFamily,
         start_time: Timestamp,
@@ -140,7 +140,7 @@ impl EndpointChangeTracker {
     }
 
     /// Marks every pending slice update as applied and takes out what it changed.
-    pub fn take_changes(&mut self) -> EndpointChanges {
+    pub(crate) fn take_changes(&mut self) -> EndpointChanges {
         EndpointChanges {
             changes: self.cache.checkout_changes(),
             last_change_trigger_times: std::mem::take(&mut self.last_change_trigger_times),
@@ -148,7 +148,7 @@ impl EndpointChangeTracker {
     }
 
     /// Services with unapplied endpoint changes (call before [`EndpointsMap::update`]).
-    pub fn pending_changes(&self) -> HashSet<NamespacedName> {
+    pub(crate) fn pending_changes(&self) -> HashSet<NamespacedName> {
         self.cache.pending_services()
     }
 }

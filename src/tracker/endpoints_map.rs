@@ -18,7 +18,7 @@ pub struct EndpointsMap(HashMap<ServicePortName, Vec<EndpointRef>>);
 
 /// Number of distinct local ready endpoint IPs per Service (upstream
 /// `LocalReadyEndpoints()`), for the health-check servers.
-pub type LocalReadyEndpoints = BTreeMap<NamespacedName, usize>;
+pub(crate) type LocalReadyEndpoints = BTreeMap<NamespacedName, usize>;
 
 /// One endpoint of one service port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,7 +65,7 @@ impl EndpointsMap {
     /// Distinct IPs of local ready endpoints per Service, counting `10.0.0.1:80` and
     /// `10.0.0.1:443` once. Terminating endpoints do not count, so a node whose endpoints
     /// are all terminating fails its health check.
-    pub fn local_ready_endpoints(&self) -> LocalReadyEndpoints {
+    pub(crate) fn local_ready_endpoints(&self) -> LocalReadyEndpoints {
         let mut ips: BTreeMap<&NamespacedName, BTreeSet<&str>> = BTreeMap::new();
         for (name, endpoints) in &self.0 {
             for ep in endpoints.iter().filter(|ep| ep.ready && ep.is_local) {

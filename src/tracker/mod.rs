@@ -19,9 +19,13 @@ pub mod topology;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use endpoint_slice_cache::{EndpointSliceCache, InvalidEndpointSlice, LABEL_SERVICE_NAME};
-pub use endpoints::{EndpointChangeTracker, EndpointChanges};
-pub use endpoints_map::{EndpointsMap, EndpointsUpdateResult, LocalReadyEndpoints, ServiceEndpoint};
-pub use recorder::{ChangeObserver, ChangeRecorder, DrainedChanges};
-pub use service::{HealthCheckNodePorts, ServiceChangeTracker, ServiceChanges, ServicePortMap, ServiceUpdateResult};
-pub use topology::{Categorized, LABEL_TOPOLOGY_ZONE, categorize_endpoints};
+pub use endpoint_slice_cache::InvalidEndpointSlice;
+pub(crate) use endpoint_slice_cache::LABEL_SERVICE_NAME;
+pub use endpoints::EndpointChangeTracker;
+pub(crate) use endpoints::EndpointChanges;
+pub(crate) use endpoints_map::LocalReadyEndpoints;
+pub use endpoints_map::{EndpointsMap, EndpointsUpdateResult, ServiceEndpoint};
+pub(crate) use recorder::ChangeObserver;
+pub use recorder::ChangeRecorder;
+pub(crate) use service::{HealthCheckNodePorts, ServiceChanges};
+pub use service::{ServiceChangeTracker, ServicePortMap, ServiceUpdateResult};

@@ -107,7 +107,7 @@ impl ChangeRecorder {
 
     /// Records the current state of a Service (`None`: deleted). Returns whether a sync is
     /// wanted.
-    pub fn on_service(&self, service: NamespacedName, current: Option<&Service>) -> bool {
+    pub(crate) fn on_service(&self, service: NamespacedName, current: Option<&Service>) -> bool {
         let mut p = self.lock();
         let changed = p.services.record(service, current);
         if let Some(o) = &self.observer {
@@ -117,7 +117,7 @@ impl ChangeRecorder {
     }
 
     /// Records an EndpointSlice add/update, or its deletion. Returns whether a sync is wanted.
-    pub fn on_endpoint_slice(&self, slice: &EndpointSlice, removed: bool) -> bool {
+    pub(crate) fn on_endpoint_slice(&self, slice: &EndpointSlice, removed: bool) -> bool {
         let mut p = self.lock();
         let changed = p.endpoints.endpoint_slice_update(slice, removed);
         if let Some(o) = &self.observer
@@ -167,30 +167,26 @@ impl ChangeRecorder {
 
     /// Forces the next sync to be full and to read the kernel again first (our rules were
     /// flushed from outside, or a sync ended in a state nobody can vouch for).
-    pub fn resync_from_kernel(&self) {
+    pub(crate) fn resync_from_kernel(&self) {
         let mut p = self.lock();
         p.full_sync = true;
         p.kernel_changed = true;
     }
 
-    pub fn is_initialized(&self) -> bool {
-        self.lock().initialized()
-    }
-
     /// The addresses of `service` skipped because their text cannot be written into rules
     /// in this release (see [`crate::model::skipped_addresses`]).
-    pub fn skipped_addresses(&self, service: &Service) -> Vec<String> {
+    pub(crate) fn skipped_addresses(&self, service: &Service) -> Vec<String> {
         crate::model::skipped_addresses(service, &self.features)
     }
 
     /// The endpoints of `slice` skipped because their address cannot be written into rules
     /// in this release (see [`crate::tracker::endpoint_slice_cache::skipped_endpoint_addresses`]).
-    pub fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String> {
+    pub(crate) fn skipped_endpoint_addresses(&self, slice: &EndpointSlice) -> Vec<String> {
         super::endpoint_slice_cache::skipped_endpoint_addresses(slice, self.features.release)
     }
 
     /// Why the last recorded state of `service` was rejected, if it was.
-    pub fn invalid_service(&self, service: &NamespacedName) -> Option<InvalidService> {
+    pub(crate) fn invalid_service(&self, service: &NamespacedName) -> Option<InvalidService> {
         self.lock().services.invalid(service).cloned()
     }
 

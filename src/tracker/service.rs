@@ -26,7 +26,7 @@ use crate::model::{
 pub struct ServicePortMap(HashMap<ServicePortName, ServicePortRef>);
 
 /// HealthCheckNodePort of every Service that has one (upstream `HealthCheckNodePorts()`).
-pub type HealthCheckNodePorts = BTreeMap<NamespacedName, u16>;
+pub(crate) type HealthCheckNodePorts = BTreeMap<NamespacedName, u16>;
 
 /// What [`ServicePortMap::update`] changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl ServicePortMap {
     }
 
     /// The HealthCheckNodePort of every Service with a non-zero one.
-    pub fn health_check_node_ports(&self) -> HealthCheckNodePorts {
+    pub(crate) fn health_check_node_ports(&self) -> HealthCheckNodePorts {
         self.0
             .iter()
             .filter_map(|(name, info)| {
@@ -154,7 +154,7 @@ impl ServiceChangeTracker {
     }
 
     /// Takes every pending change out, leaving the tracker with none.
-    pub fn take_changes(&mut self) -> ServiceChanges {
+    pub(crate) fn take_changes(&mut self) -> ServiceChanges {
         ServiceChanges(std::mem::take(&mut self.items))
     }
 
@@ -207,7 +207,7 @@ impl ServiceChangeTracker {
     }
 
     /// Services with unapplied changes (call before [`ServicePortMap::update`]).
-    pub fn pending_changes(&self) -> HashSet<NamespacedName> {
+    pub(crate) fn pending_changes(&self) -> HashSet<NamespacedName> {
         self.items.keys().cloned().collect()
     }
 

@@ -12,12 +12,12 @@ use crate::compat::Features;
 use crate::model::{EndpointInfo, EndpointRef, NodeHints, ServicePortInfo};
 
 /// The node label holding the node's zone.
-pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+pub(crate) const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 
 /// The endpoint sets of one service port, each in the order of the input (the endpoints map
 /// keeps them sorted by endpoint string).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Categorized<'a> {
+pub(crate) struct Categorized<'a> {
     /// Endpoints for "Cluster" traffic policy; empty when the port never uses it.
     pub cluster: Vec<&'a EndpointRef>,
     /// Endpoints for "Local" traffic policy; empty when the port never uses it.
@@ -40,7 +40,7 @@ pub struct Categorized<'a> {
 ///
 /// Upstream builds `all_reachable` through a Go map when the two sets can differ, so its
 /// order is random there; here it always follows the input order.
-pub fn categorize_endpoints<'a>(
+pub(crate) fn categorize_endpoints<'a>(
     endpoints: &'a [EndpointRef],
     svc: &ServicePortInfo,
     features: &Features,

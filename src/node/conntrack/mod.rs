@@ -43,14 +43,14 @@ use crate::tracker::{EndpointsUpdateResult, ServicePortMap, ServiceUpdateResult}
 pub use reconciler::{ConntrackEntry, EndpointMatch, FlowFilter, ReconcileSummary, reconcile};
 
 /// The conntrack tool (looked up in `PATH`, as upstream's `LookPath("conntrack")`).
-pub const CONNTRACK_PROGRAM: &str = "conntrack";
+pub(crate) const CONNTRACK_PROGRAM: &str = "conntrack";
 
 /// What `conntrack -D` prints (and exits 1 with) when nothing matched: not an error.
-pub const NO_CONNECTION_TO_DELETE: &str = "0 flow entries have been deleted";
+pub(crate) const NO_CONNECTION_TO_DELETE: &str = "0 flow entries have been deleted";
 
 /// Kill a `conntrack` run that takes longer than this (deleting from a very large table can
 /// take a while; upstream waits forever).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Why one deletion failed. Every variant carries the request (boxed, to keep `Result` small).
 #[derive(Debug, thiserror::Error)]
@@ -233,7 +233,7 @@ impl<T: Conntrack + ?Sized> Conntrack for Arc<T> {
 }
 
 /// What conntrack-tools prints when a listing found nothing (not an error).
-pub const NO_CONNECTION_TO_LIST: &str = "0 flow entries have been shown";
+pub(crate) const NO_CONNECTION_TO_LIST: &str = "0 flow entries have been shown";
 
 /// How a finished `conntrack` run ended, for error messages.
 fn exit_status(output: &crate::exec::Output) -> String {
@@ -273,7 +273,8 @@ impl ExecConntrack {
     }
 
     /// Kills a run that takes longer than `timeout`.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
@@ -559,7 +560,7 @@ pub struct CleanupSummary {
 }
 
 /// Whether stale entries of `protocol` must be deleted (upstream `IsClearConntrackNeeded`).
-pub fn is_clear_conntrack_needed(protocol: Protocol) -> bool {
+pub(crate) fn is_clear_conntrack_needed(protocol: Protocol) -> bool {
     matches!(protocol, Protocol::Udp | Protocol::Sctp)
 }
 

@@ -158,7 +158,7 @@ type Backend = (IpAddr, Option<u16>);
 /// The filters that delete the stale entries among `entries` (upstream `CleanStaleEntries`'s
 /// decision), sorted and without duplicates. Pure: `services` and `endpoints` are the
 /// family's maps after the sync, `entries` what was listed for `family`.
-pub fn stale_flow_filters(
+pub(crate) fn stale_flow_filters(
     matching: EndpointMatch,
     family: IpFamily,
     services: &ServicePortMap,
@@ -295,7 +295,7 @@ pub fn reconcile(
 
 /// The entries in `conntrack -L` output (default or `-o extended` format). Lines that are not
 /// a TCP, UDP or SCTP entry with both tuples complete are skipped; nothing here panics.
-pub fn parse_entries(text: &str) -> Vec<ConntrackEntry> {
+pub(crate) fn parse_entries(text: &str) -> Vec<ConntrackEntry> {
     text.lines().filter_map(parse_entry).collect()
 }
 
@@ -359,7 +359,7 @@ fn parse_entry(line: &str) -> Option<ConntrackEntry> {
 }
 
 /// The count in conntrack-tools' "N flow entries have been deleted." line, if present.
-pub fn deleted_count(output: &str) -> Option<u64> {
+pub(crate) fn deleted_count(output: &str) -> Option<u64> {
     output.lines().find_map(|line| {
         let before = line.split(" flow entries have been deleted").next().filter(|b| b.len() < line.len())?;
         before.rsplit(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
