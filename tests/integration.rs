@@ -23,6 +23,7 @@ mod image;
 mod iptables_real;
 mod k8s_events;
 mod k8s_watch;
+mod nextest_groups;
 mod partial_sync;
 mod render_cli;
 mod render_restore;

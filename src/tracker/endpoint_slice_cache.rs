@@ -219,34 +219,28 @@ impl EndpointSliceCache {
                     tracing::debug!(slice = slice_name, "ignoring endpoint with no address");
                     return None;
                 };
-                if self.canonical_addresses {
-                    // Upstream (1.31+): `ParseIPSloppy(address).String()`.
-                    return match parse_ip_sloppy(address) {
-                        Some(ip) if IpFamily::of(&ip) == self.family => Some((format_ip(&ip), ep)),
-                        _ => {
+                // Upstream 1.31+ writes `ParseIPSloppy(address).String()`; before that, the text
+                // as given, which must then already be canonical (see `parse_canonical_ip`).
+                let written = if self.canonical_addresses {
+                    parse_ip_sloppy(address).map(|ip| (format_ip(&ip), ip))
+                } else {
+                    match parse_canonical_ip(address) {
+                        Ok(ip) => Some((address.clone(), ip)),
+                        Err(AddressTextError::NotCanonical { canonical, .. }) => {
                             tracing::warn!(
                                 %service,
                                 slice = slice_name,
                                 address = address.as_str(),
-                                family = %self.family,
-                                "ignoring endpoint address that is not a valid address of this family"
+                                canonical,
+                                "ignoring endpoint address not in canonical form"
                             );
-                            None
+                            return None;
                         }
-                    };
-                }
-                match parse_canonical_ip(address) {
-                    Ok(ip) if IpFamily::of(&ip) == self.family => Some((address.clone(), ep)),
-                    Err(AddressTextError::NotCanonical { canonical, .. }) => {
-                        tracing::warn!(
-                            %service,
-                            slice = slice_name,
-                            address = address.as_str(),
-                            canonical,
-                            "ignoring endpoint address not in canonical form"
-                        );
-                        None
+                        Err(_) => None,
                     }
+                };
+                match written {
+                    Some((text, ip)) if IpFamily::of(&ip) == self.family => Some((text, ep)),
                     _ => {
                         tracing::warn!(
                             %service,
