@@ -11,6 +11,12 @@
 //! Partial syncs (`RenderInput::changed` set) rewrite only the chains of changed services and,
 //! going beyond upstream, only those top-level chains whose content changed since the last
 //! successful sync ([`RenderState`]).
+//!
+//! The code follows the chain groups it writes: per service port, a `ServicePlan` (which
+//! chains the port uses, where each kind of traffic goes) read by one writer per group (its
+//! entries in the top-level chains, then KUBE-EXT-, KUBE-FW-, KUBE-SVC-/KUBE-SVL-,
+//! KUBE-SEP-); at the end, the fixed top-level chains, the `*filter` and `*nat` writers and
+//! the stale chains' deletions.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
