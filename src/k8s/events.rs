@@ -12,6 +12,31 @@
 //! deserves a Warning (once per problem and object generation, not on every sync).
 //!
 //! Nothing here decides anything about rules; the renderer never sees events.
+//!
+//! Why not kube's `kube::runtime::events::Recorder` (kube-runtime 5.0.0, as locked; issue
+//! 15): it writes the same events.k8s.io/v1 shape (`reportingController`,
+//! `reportingInstance`, `action`, `reason`, `note`, `<object>.<hex nanoseconds>` names, a
+//! six-minute cache), but its `publish` is one awaited API write per call and it lacks what
+//! upstream's broadcaster does and this module keeps:
+//! - Repeats: every repeat is a PATCH at once (count + 1, `lastObservedTime` now), where
+//!   upstream patches the second occurrence and folds later ones into periodic series
+//!   updates ([`Aggregator::flush`]); an event storm becomes a write storm.
+//! - The patch is the whole Event as a JSON merge patch, not a patch of `series` alone;
+//!   when the Event has expired on the server (404) the write fails, where upstream (and
+//!   [`EventOp::Patch`] here) creates it again, series included.
+//! - No retries of transient failures (upstream: 12 tries about 10 s apart), no write
+//!   timeout, no bounded queue: callers would have to await the API server, and
+//!   [`EventRecorder::record`] must never block.
+//! - No limits: `note` (1 kB), `reason`/`action`/`reportingInstance` (128 characters) and the
+//!   name (253 bytes) go out uncut, so the API server rejects the event; two events in one
+//!   nanosecond get the same name; the cache is unbounded.
+//! - Times come from `Timestamp::now()` inside `publish`, so the series logic cannot be
+//!   tested with a fake clock, and `eventTime` carries nanoseconds the API then drops.
+//!
+//! One difference runs the other way: its dedup key is upstream's `getKey` (type, action,
+//! reason, reporting controller and instance, regarding, related), while [`Aggregator`]
+//! also keys by `note`, so a repeat with another note starts a new Event here where
+//! upstream would count it in the first one's series (keeping the first note).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

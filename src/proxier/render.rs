@@ -11,20 +11,26 @@
 //! Partial syncs (`RenderInput::changed` set) rewrite only the chains of changed services and,
 //! going beyond upstream, only those top-level chains whose content changed since the last
 //! successful sync ([`RenderState`]).
+//!
+//! The code follows the chain groups it writes: per service port, a `ServicePlan` (which
+//! chains the port uses, where each kind of traffic goes) read by one writer per group (its
+//! entries in the top-level chains, then KUBE-EXT-, KUBE-FW-, KUBE-SVC-/KUBE-SVL-,
+//! KUBE-SEP-); at the end, the fixed top-level chains, the `*filter` and `*nat` writers and
+//! the stale chains' deletions.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::compat::Features;
-use crate::model::chains::{self, ChainKey, ChainName, KeySet, NatChains, ServiceChainKeys, chain_name};
+use crate::model::chains::{self, ChainKey, ChainName, KeySet, NatChains, chain_name};
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
 };
 use crate::node::nfacct::{self, NfacctCounters};
 use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nodeport_addresses::NodePortAddresses;
-use crate::tracker::topology::categorize_endpoints;
+use crate::tracker::topology::{Categorized, categorize_endpoints};
 use crate::tracker::{EndpointsMap, ServicePortMap};
 
 /// Above this many endpoints (over all services) rules lose their per-endpoint comments and
@@ -148,7 +154,7 @@ pub fn total_endpoints(services: &ServicePortMap, endpoints: &EndpointsMap) -> u
 pub fn render(cfg: &RenderConfig, input: &RenderInput<'_>, state: &RenderState) -> Rendered {
     let mut r = Renderer::new(cfg, input, state);
     r.run();
-    r.finish(state)
+    r.finish()
 }
 
 /// One per-service nat chain written by this render: its name (as a key) and where its
@@ -242,6 +248,91 @@ fn sort_key(name: &str) -> u128 {
     u128::from_be_bytes(bytes)
 }
 
+/// Which chains a service port uses and where each kind of its traffic goes, decided once
+/// from its endpoints and traffic policies (the locals at the top of upstream's per-service
+/// loop), so each chain group's writer reads them by name.
+struct ServicePlan<'s> {
+    /// `ns/name:port`, as rule comments spell it.
+    name: &'s str,
+    /// Lower-case protocol, as `-m` and `-p` take it.
+    proto: &'static str,
+    port: i32,
+    /// KUBE-SVC-: endpoints for the Cluster traffic policy.
+    cluster_chain: &'s str,
+    /// KUBE-SVL-: endpoints for the Local traffic policy.
+    local_chain: &'s str,
+    /// KUBE-EXT-: entry point of external traffic.
+    external_chain: &'s str,
+    /// KUBE-FW-: load-balancer source-range filter.
+    fw_chain: &'s str,
+    uses_cluster_chain: bool,
+    uses_local_chain: bool,
+    uses_external_chain: bool,
+    uses_fw_chain: bool,
+    /// The Cluster or Local chain, by internalTrafficPolicy.
+    internal_chain: &'s str,
+    /// The internal traffic chain has endpoints.
+    has_internal: bool,
+    /// The Cluster or Local chain, by externalTrafficPolicy.
+    external_policy_chain: &'s str,
+    /// The external policy chain has endpoints.
+    has_external: bool,
+    /// The service has a usable endpoint anywhere in the cluster.
+    has_endpoints: bool,
+    /// Where traffic without a usable endpoint goes: REJECT when the service has none at
+    /// all, DROP when it has none on this node under a Local policy.
+    unusable_target: &'static str,
+    /// The quoted comment of the rules that send traffic to `unusable_target`.
+    unusable_comment: String,
+}
+
+impl<'s> ServicePlan<'s> {
+    fn new(svc: &'s ServicePortInfo, cat: &Categorized<'_>) -> Self {
+        let name = svc.name_string.as_str();
+        let chains = &svc.chains;
+        let cluster_chain = chains.cluster_policy.as_str();
+        let local_chain = chains.local_policy.as_str();
+        let external_chain = chains.external.as_str();
+        let fw_chain = chains.firewall.as_str();
+        let has_endpoints = cat.has_any_endpoints;
+        let (internal_chain, has_internal) = if svc.internal_policy_local {
+            (local_chain, has_endpoints && !cat.local.is_empty())
+        } else {
+            (cluster_chain, has_endpoints)
+        };
+        let (external_policy_chain, has_external) = if svc.external_policy_local {
+            (local_chain, has_endpoints && !cat.local.is_empty())
+        } else {
+            (cluster_chain, has_endpoints)
+        };
+        let (unusable_target, unusable_comment) = if has_endpoints {
+            ("DROP", format!("\"{name} has no local endpoints\""))
+        } else {
+            ("REJECT", format!("\"{name} has no endpoints\""))
+        };
+        ServicePlan {
+            name,
+            proto: svc.protocol.lower(),
+            port: svc.port,
+            cluster_chain,
+            local_chain,
+            external_chain,
+            fw_chain,
+            uses_cluster_chain: !cat.cluster.is_empty() && svc.uses_cluster_endpoints(),
+            uses_local_chain: !cat.local.is_empty() && svc.uses_local_endpoints(),
+            uses_external_chain: has_endpoints && svc.externally_accessible(),
+            uses_fw_chain: has_endpoints && !svc.load_balancer_ips.is_empty() && svc.filters_load_balancer_sources(),
+            internal_chain,
+            has_internal,
+            external_policy_chain,
+            has_external,
+            has_endpoints,
+            unusable_target,
+            unusable_comment,
+        }
+    }
+}
+
 struct Renderer<'a> {
     cfg: &'a RenderConfig,
     input: &'a RenderInput<'a>,
@@ -330,173 +421,30 @@ impl<'a> Renderer<'a> {
         }
     }
 
+    /// Writes one service port: its entries in the top-level chains, then (unless a partial
+    /// sync leaves it as it was) its own chains.
     fn service(&mut self, svc: &'a ServicePortInfo) {
         let input = self.input;
         let endpoints: &'a [EndpointRef] = input.endpoints.get(&svc.name).map_or(&[], Vec::as_slice);
         let cat = categorize_endpoints(endpoints, svc, &self.cfg.features, input.node_labels);
-        let name = svc.name_string.as_str();
-        let proto = svc.protocol.lower();
-        let port = svc.port;
-
-        let cluster_chain = svc.chains.cluster_policy.as_str();
-        let local_chain = svc.chains.local_policy.as_str();
-        let uses_cluster_chain = !cat.cluster.is_empty() && svc.uses_cluster_endpoints();
-        let uses_local_chain = !cat.local.is_empty() && svc.uses_local_endpoints();
-
-        let mut internal_chain = cluster_chain;
-        let mut has_internal = cat.has_any_endpoints;
-        if svc.internal_policy_local {
-            internal_chain = local_chain;
-            if cat.local.is_empty() {
-                has_internal = false;
-            }
-        }
-        let mut external_policy_chain = cluster_chain;
-        let mut has_external = cat.has_any_endpoints;
-        if svc.external_policy_local {
-            external_policy_chain = local_chain;
-            if cat.local.is_empty() {
-                has_external = false;
-            }
-        }
-        let external_chain = svc.chains.external.as_str();
-        let uses_external_chain = cat.has_any_endpoints && svc.externally_accessible();
-        let fw_chain = svc.chains.firewall.as_str();
-        let uses_fw_chain =
-            cat.has_any_endpoints && !svc.load_balancer_ips.is_empty() && svc.filters_load_balancer_sources();
-        let lb_chain = if uses_fw_chain { fw_chain } else { external_chain };
-
-        let (internal_target, internal_comment, external_target, external_comment);
-        if !cat.has_any_endpoints {
-            internal_target = "REJECT";
-            internal_comment = format!("\"{name} has no endpoints\"");
-            external_target = "REJECT";
-            external_comment = internal_comment.clone();
-        } else {
-            internal_target = "DROP";
-            external_target = "DROP";
-            internal_comment = format!("\"{name} has no local endpoints\"");
-            external_comment = internal_comment.clone();
-            if !has_internal {
+        let plan = ServicePlan::new(svc, &cat);
+        if plan.has_endpoints {
+            if !plan.has_internal {
                 self.stats.no_local_endpoints_internal += 1;
             }
-            if !has_external {
+            if !plan.has_external {
                 self.stats.no_local_endpoints_external += 1;
             }
         }
 
-        // Cluster IP.
-        if has_internal {
-            let _ = writeln!(
-                self.nat_services,
-                "-A KUBE-SERVICES -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} -j {internal_chain}",
-                svc.cluster_ip
-            );
-        } else {
-            let _ = writeln!(
-                self.filter_services,
-                "-A KUBE-SERVICES -m comment --comment {internal_comment} -m {proto} -p {proto} -d {} --dport {port} -j {internal_target}",
-                svc.cluster_ip
-            );
-        }
+        // Entries in the top-level chains, in upstream's order: each writes to several.
+        self.cluster_ip_entries(svc, &plan);
+        self.external_ip_entries(svc, &plan);
+        self.load_balancer_entries(svc, &plan);
+        self.node_port_entries(svc, &plan);
+        self.health_check_entry(svc);
 
-        // External IPs.
-        for ip in &svc.external_ips {
-            if cat.has_any_endpoints {
-                let _ = writeln!(
-                    self.nat_services,
-                    "-A KUBE-SERVICES -m comment --comment \"{name} external IP\" -m {proto} -p {proto} -d {ip} --dport {port} -j {external_chain}"
-                );
-            }
-            if !has_external {
-                let _ = writeln!(
-                    self.filter_external,
-                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment {external_comment} -m {proto} -p {proto} -d {ip} --dport {port} -j {external_target}"
-                );
-            }
-        }
-
-        // Load-balancer IPs.
-        for ip in &svc.load_balancer_ips {
-            if cat.has_any_endpoints {
-                let _ = writeln!(
-                    self.nat_services,
-                    "-A KUBE-SERVICES -m comment --comment \"{name} loadbalancer IP\" -m {proto} -p {proto} -d {ip} --dport {port} -j {lb_chain}"
-                );
-            }
-            if uses_fw_chain {
-                let _ = writeln!(
-                    self.filter_firewall,
-                    "-A KUBE-PROXY-FIREWALL -m comment --comment \"{name} traffic not accepted by {fw_chain}\" -m {proto} -p {proto} -d {ip} --dport {port} -j DROP"
-                );
-            }
-        }
-        if !has_external {
-            for ip in &svc.load_balancer_ips {
-                let _ = writeln!(
-                    self.filter_external,
-                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment {external_comment} -m {proto} -p {proto} -d {ip} --dport {port} -j {external_target}"
-                );
-            }
-        }
-
-        // Node port.
-        if svc.node_port != 0 {
-            let node_port = svc.node_port;
-            if cat.has_any_endpoints {
-                // 1.31+ counts loopback NodePort traffic first (same target: no traffic change).
-                if self.cfg.localhost_nodeports
-                    && self.cfg.family == IpFamily::V4
-                    && self.input.nfacct.localhost_nodeports_accepted
-                {
-                    let _ = writeln!(
-                        self.nat_nodeports,
-                        "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} -d 127.0.0.0/8 --dport {node_port} -m nfacct --nfacct-name {} -j {external_chain}",
-                        nfacct::LOCALHOST_NODEPORTS_ACCEPTED
-                    );
-                }
-                let _ = writeln!(
-                    self.nat_nodeports,
-                    "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} --dport {node_port} -j {external_chain}"
-                );
-            }
-            if !has_external {
-                let _ = writeln!(
-                    self.filter_external,
-                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment {external_comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {external_target}"
-                );
-            }
-        }
-
-        // Health check node port: always accepted, local endpoints or not.
-        if svc.health_check_node_port != 0 {
-            let _ = writeln!(
-                self.filter_nodeports,
-                "-A KUBE-NODEPORTS -m comment --comment \"{name} health check node port\" -m tcp -p tcp --dport {} -j ACCEPT",
-                svc.health_check_node_port
-            );
-        }
-
-        // The per-service chains stay (they are active) whether or not they are rewritten.
-        let ServiceChainKeys {
-            cluster_policy: cluster_key,
-            local_policy: local_key,
-            firewall: fw_key,
-            external: external_key,
-        } = svc.chains.keys;
-        for (used, key) in [
-            (uses_external_chain, external_key),
-            (uses_fw_chain, fw_key),
-            (uses_cluster_chain, cluster_key),
-            (uses_local_chain, local_key),
-        ] {
-            if used {
-                self.active.insert(key);
-            }
-        }
-        for ep in &cat.all_reachable {
-            self.active.insert(ep.chain_key);
-        }
+        self.mark_active(svc, &plan, &cat);
         let skip = match input.changed {
             Some(changed) => !self.rewrite_all && !changed.contains(&svc.name.service),
             None => false,
@@ -511,114 +459,10 @@ impl<'a> Renderer<'a> {
         let spans_before = self.spans.len();
         let endpoint_bytes_before = self.endpoint_chain_bytes;
 
-        // Rules that send cluster-IP traffic to masquerade, in the internal traffic chain.
-        let internal_masq = if has_internal {
-            if self.cfg.masquerade_all {
-                Some(format!(
-                    "-A {internal_chain} -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} -j KUBE-MARK-MASQ\n",
-                    svc.cluster_ip
-                ))
-            } else if self.cfg.local_detector.is_implemented() {
-                Some(format!(
-                    "-A {internal_chain} -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} {} -j KUBE-MARK-MASQ\n",
-                    svc.cluster_ip,
-                    self.cfg.local_detector.if_not_local().join(" ")
-                ))
-            } else {
-                None
-            }
-        } else {
-            None
-        };
-
-        // KUBE-EXT-
-        if uses_external_chain {
-            let start = self.arena.len();
-            let a = &mut self.arena;
-            if !svc.external_policy_local {
-                let _ = writeln!(
-                    a,
-                    "-A {external_chain} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ"
-                );
-            } else {
-                if self.cfg.local_detector.is_implemented() {
-                    let _ = writeln!(
-                        a,
-                        "-A {external_chain} -m comment --comment \"pod traffic for {name} external destinations\" {} -j {cluster_chain}",
-                        self.cfg.local_detector.if_local().join(" ")
-                    );
-                }
-                let _ = writeln!(
-                    a,
-                    "-A {external_chain} -m comment --comment \"masquerade LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"
-                );
-                let _ = writeln!(
-                    a,
-                    "-A {external_chain} -m comment --comment \"route LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j {cluster_chain}"
-                );
-            }
-            if has_external {
-                let _ = writeln!(a, "-A {external_chain} -j {external_policy_chain}");
-            }
-            self.spans.push(ChainSpan::arena(external_chain, svc.chains.keys.external, &self.arena, start));
-        }
-
-        // KUBE-FW-
-        if uses_fw_chain {
-            let start = self.arena.len();
-            let a = &mut self.arena;
-            let mut allow_from_node = false;
-            for src in &svc.load_balancer_source_ranges {
-                let _ = writeln!(
-                    a,
-                    "-A {fw_chain} -m comment --comment \"{name} loadbalancer IP\" -s {} -j {external_chain}",
-                    src.text
-                );
-                if let (Some(cidr), Some(node_ip)) = (&src.cidr, &self.cfg.node_ip)
-                    && cidr.contains(node_ip)
-                {
-                    allow_from_node = true;
-                }
-            }
-            if allow_from_node {
-                for ip in &svc.load_balancer_ips {
-                    let _ = writeln!(
-                        a,
-                        "-A {fw_chain} -m comment --comment \"{name} loadbalancer IP\" -s {ip} -j {external_chain}"
-                    );
-                }
-            }
-            let _ = writeln!(
-                a,
-                "-A {fw_chain} -m comment --comment \"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL\""
-            );
-            self.spans.push(ChainSpan::arena(fw_chain, svc.chains.keys.firewall, &self.arena, start));
-        }
-
-        // KUBE-SVC- and KUBE-SVL-
-        let ServiceChainKeys { cluster_policy: cluster_key, local_policy: local_key, .. } = svc.chains.keys;
-        for (used, chain, key, eps) in [
-            (uses_cluster_chain, cluster_chain, cluster_key, &cat.cluster),
-            (uses_local_chain, local_chain, local_key, &cat.local),
-        ] {
-            if !used {
-                continue;
-            }
-            let start = self.arena.len();
-            if internal_chain == chain
-                && let Some(rule) = &internal_masq
-            {
-                self.arena.push_str(rule);
-            }
-            self.service_to_endpoint_rules(svc, chain, eps);
-            self.spans.push(ChainSpan::arena(chain, key, &self.arena, start));
-        }
-
-        // KUBE-SEP-
-        for ep in &cat.all_reachable {
-            self.endpoint_chain_bytes += endpoint_chain_len(svc, ep, self.large);
-            self.spans.push(ChainSpan::endpoint(svc, ep));
-        }
+        self.external_chain(svc, &plan);
+        self.firewall_chain(svc, &plan);
+        self.policy_chains(svc, &plan, &cat);
+        self.endpoint_chains(svc, &cat);
 
         let rules = self.spans[spans_before..].iter().map(ChainSpan::rules).sum::<usize>();
         self.service_rules.insert(svc.name.clone(), rules);
@@ -631,6 +475,274 @@ impl<'a> Renderer<'a> {
         }
     }
 
+    /// The cluster IP: to the internal traffic chain (nat `KUBE-SERVICES`), or rejected or
+    /// dropped when that chain has no endpoint (filter `KUBE-SERVICES`).
+    fn cluster_ip_entries(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>) {
+        let ServicePlan { name, proto, port, .. } = *plan;
+        if plan.has_internal {
+            let internal_chain = plan.internal_chain;
+            let _ = writeln!(
+                self.nat_services,
+                "-A KUBE-SERVICES -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} -j {internal_chain}",
+                svc.cluster_ip
+            );
+        } else {
+            let (target, comment) = (plan.unusable_target, &plan.unusable_comment);
+            let _ = writeln!(
+                self.filter_services,
+                "-A KUBE-SERVICES -m comment --comment {comment} -m {proto} -p {proto} -d {} --dport {port} -j {target}",
+                svc.cluster_ip
+            );
+        }
+    }
+
+    /// External IPs: to the KUBE-EXT- chain (nat `KUBE-SERVICES`) and, without usable
+    /// endpoints, rejected or dropped (filter `KUBE-EXTERNAL-SERVICES`).
+    fn external_ip_entries(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>) {
+        let ServicePlan { name, proto, port, external_chain, .. } = *plan;
+        let (target, comment) = (plan.unusable_target, &plan.unusable_comment);
+        for ip in &svc.external_ips {
+            if plan.has_endpoints {
+                let _ = writeln!(
+                    self.nat_services,
+                    "-A KUBE-SERVICES -m comment --comment \"{name} external IP\" -m {proto} -p {proto} -d {ip} --dport {port} -j {external_chain}"
+                );
+            }
+            if !plan.has_external {
+                let _ = writeln!(
+                    self.filter_external,
+                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} -m {proto} -p {proto} -d {ip} --dport {port} -j {target}"
+                );
+            }
+        }
+    }
+
+    /// Load-balancer IPs: to the KUBE-FW- or KUBE-EXT- chain (nat `KUBE-SERVICES`), what
+    /// the firewall chain did not accept dropped (filter `KUBE-PROXY-FIREWALL`) and, without
+    /// usable endpoints, rejected or dropped (filter `KUBE-EXTERNAL-SERVICES`).
+    fn load_balancer_entries(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>) {
+        let ServicePlan { name, proto, port, fw_chain, .. } = *plan;
+        let lb_chain = if plan.uses_fw_chain { fw_chain } else { plan.external_chain };
+        for ip in &svc.load_balancer_ips {
+            if plan.has_endpoints {
+                let _ = writeln!(
+                    self.nat_services,
+                    "-A KUBE-SERVICES -m comment --comment \"{name} loadbalancer IP\" -m {proto} -p {proto} -d {ip} --dport {port} -j {lb_chain}"
+                );
+            }
+            if plan.uses_fw_chain {
+                let _ = writeln!(
+                    self.filter_firewall,
+                    "-A KUBE-PROXY-FIREWALL -m comment --comment \"{name} traffic not accepted by {fw_chain}\" -m {proto} -p {proto} -d {ip} --dport {port} -j DROP"
+                );
+            }
+        }
+        if !plan.has_external {
+            let (target, comment) = (plan.unusable_target, &plan.unusable_comment);
+            for ip in &svc.load_balancer_ips {
+                let _ = writeln!(
+                    self.filter_external,
+                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} -m {proto} -p {proto} -d {ip} --dport {port} -j {target}"
+                );
+            }
+        }
+    }
+
+    /// The node port: to the KUBE-EXT- chain (nat `KUBE-NODEPORTS`) and, without usable
+    /// endpoints, rejected or dropped (filter `KUBE-EXTERNAL-SERVICES`).
+    fn node_port_entries(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>) {
+        if svc.node_port == 0 {
+            return;
+        }
+        let ServicePlan { name, proto, external_chain, .. } = *plan;
+        let node_port = svc.node_port;
+        if plan.has_endpoints {
+            // 1.31+ counts loopback NodePort traffic first (same target: no traffic change).
+            if self.cfg.localhost_nodeports
+                && self.cfg.family == IpFamily::V4
+                && self.input.nfacct.localhost_nodeports_accepted
+            {
+                let _ = writeln!(
+                    self.nat_nodeports,
+                    "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} -d 127.0.0.0/8 --dport {node_port} -m nfacct --nfacct-name {} -j {external_chain}",
+                    nfacct::LOCALHOST_NODEPORTS_ACCEPTED
+                );
+            }
+            let _ = writeln!(
+                self.nat_nodeports,
+                "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} --dport {node_port} -j {external_chain}"
+            );
+        }
+        if !plan.has_external {
+            let (target, comment) = (plan.unusable_target, &plan.unusable_comment);
+            let _ = writeln!(
+                self.filter_external,
+                "-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {target}"
+            );
+        }
+    }
+
+    /// The health check node port (filter `KUBE-NODEPORTS`): always accepted, local
+    /// endpoints or not.
+    fn health_check_entry(&mut self, svc: &ServicePortInfo) {
+        if svc.health_check_node_port == 0 {
+            return;
+        }
+        let name = svc.name_string.as_str();
+        let _ = writeln!(
+            self.filter_nodeports,
+            "-A KUBE-NODEPORTS -m comment --comment \"{name} health check node port\" -m tcp -p tcp --dport {} -j ACCEPT",
+            svc.health_check_node_port
+        );
+    }
+
+    /// Records the service's own chains as in use: they stay (are not deleted as stale)
+    /// whether or not this sync rewrites them.
+    fn mark_active(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>, cat: &Categorized<'_>) {
+        let keys = &svc.chains.keys;
+        for (used, key) in [
+            (plan.uses_external_chain, keys.external),
+            (plan.uses_fw_chain, keys.firewall),
+            (plan.uses_cluster_chain, keys.cluster_policy),
+            (plan.uses_local_chain, keys.local_policy),
+        ] {
+            if used {
+                self.active.insert(key);
+            }
+        }
+        for ep in &cat.all_reachable {
+            self.active.insert(ep.chain_key);
+        }
+    }
+
+    /// KUBE-EXT-: masquerades external traffic (or, with the Local policy, short-circuits
+    /// pod and host traffic to the Cluster set), then jumps to the external policy chain.
+    fn external_chain(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>) {
+        if !plan.uses_external_chain {
+            return;
+        }
+        let ServicePlan { name, external_chain, cluster_chain, .. } = *plan;
+        let start = self.arena.len();
+        let a = &mut self.arena;
+        if !svc.external_policy_local {
+            let _ = writeln!(
+                a,
+                "-A {external_chain} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ"
+            );
+        } else {
+            if self.cfg.local_detector.is_implemented() {
+                let _ = writeln!(
+                    a,
+                    "-A {external_chain} -m comment --comment \"pod traffic for {name} external destinations\" {} -j {cluster_chain}",
+                    self.cfg.local_detector.if_local().join(" ")
+                );
+            }
+            let _ = writeln!(
+                a,
+                "-A {external_chain} -m comment --comment \"masquerade LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"
+            );
+            let _ = writeln!(
+                a,
+                "-A {external_chain} -m comment --comment \"route LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j {cluster_chain}"
+            );
+        }
+        if plan.has_external {
+            let _ = writeln!(a, "-A {external_chain} -j {}", plan.external_policy_chain);
+        }
+        self.spans.push(ChainSpan::arena(external_chain, svc.chains.keys.external, &self.arena, start));
+    }
+
+    /// KUBE-FW-: load-balancer traffic from the allowed source ranges (and from the node's
+    /// own load-balancer IPs when a range admits the node) goes on to KUBE-EXT-.
+    fn firewall_chain(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>) {
+        if !plan.uses_fw_chain {
+            return;
+        }
+        let ServicePlan { name, fw_chain, external_chain, .. } = *plan;
+        let start = self.arena.len();
+        let a = &mut self.arena;
+        let mut allow_from_node = false;
+        for src in &svc.load_balancer_source_ranges {
+            let _ = writeln!(
+                a,
+                "-A {fw_chain} -m comment --comment \"{name} loadbalancer IP\" -s {} -j {external_chain}",
+                src.text
+            );
+            if let (Some(cidr), Some(node_ip)) = (&src.cidr, &self.cfg.node_ip)
+                && cidr.contains(node_ip)
+            {
+                allow_from_node = true;
+            }
+        }
+        if allow_from_node {
+            for ip in &svc.load_balancer_ips {
+                let _ = writeln!(
+                    a,
+                    "-A {fw_chain} -m comment --comment \"{name} loadbalancer IP\" -s {ip} -j {external_chain}"
+                );
+            }
+        }
+        let _ = writeln!(
+            a,
+            "-A {fw_chain} -m comment --comment \"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL\""
+        );
+        self.spans.push(ChainSpan::arena(fw_chain, svc.chains.keys.firewall, &self.arena, start));
+    }
+
+    /// KUBE-SVC- (Cluster policy) and KUBE-SVL- (Local policy): the internal traffic
+    /// chain's masquerade rule, then load balancing over the set's endpoints.
+    fn policy_chains(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>, cat: &Categorized<'a>) {
+        let internal_masq = self.internal_masquerade_rule(svc, plan);
+        let keys = &svc.chains.keys;
+        for (used, chain, key, eps) in [
+            (plan.uses_cluster_chain, plan.cluster_chain, keys.cluster_policy, &cat.cluster),
+            (plan.uses_local_chain, plan.local_chain, keys.local_policy, &cat.local),
+        ] {
+            if !used {
+                continue;
+            }
+            let start = self.arena.len();
+            if plan.internal_chain == chain
+                && let Some(rule) = &internal_masq
+            {
+                self.arena.push_str(rule);
+            }
+            self.service_to_endpoint_rules(svc, chain, eps);
+            self.spans.push(ChainSpan::arena(chain, key, &self.arena, start));
+        }
+    }
+
+    /// The rule that sends cluster-IP traffic to masquerade, in the internal traffic chain:
+    /// all of it with masqueradeAll, else what does not come from a local pod.
+    fn internal_masquerade_rule(&self, svc: &ServicePortInfo, plan: &ServicePlan<'_>) -> Option<String> {
+        if !plan.has_internal {
+            return None;
+        }
+        let ServicePlan { name, proto, port, internal_chain, .. } = *plan;
+        if self.cfg.masquerade_all {
+            Some(format!(
+                "-A {internal_chain} -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} -j KUBE-MARK-MASQ\n",
+                svc.cluster_ip
+            ))
+        } else if self.cfg.local_detector.is_implemented() {
+            Some(format!(
+                "-A {internal_chain} -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} {} -j KUBE-MARK-MASQ\n",
+                svc.cluster_ip,
+                self.cfg.local_detector.if_not_local().join(" ")
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// KUBE-SEP-: one chain per reachable endpoint, written straight into the payload at
+    /// assembly ([`SpanBody::Endpoint`]).
+    fn endpoint_chains(&mut self, svc: &'a ServicePortInfo, cat: &Categorized<'a>) {
+        for ep in &cat.all_reachable {
+            self.endpoint_chain_bytes += endpoint_chain_len(svc, ep, self.large);
+            self.spans.push(ChainSpan::endpoint(svc, ep));
+        }
+    }
     fn service_to_endpoint_rules(&mut self, svc: &ServicePortInfo, chain: &str, eps: &[&'a EndpointRef]) {
         let name = svc.name_string.as_str();
         if let Some(secs) = svc.sticky_seconds {
@@ -700,70 +812,14 @@ impl<'a> Renderer<'a> {
         }
     }
 
-    fn finish(self, state: &RenderState) -> Rendered {
-        let cfg = self.cfg;
-        let full = self.input.changed.is_none();
-        let mark = &cfg.masquerade_mark;
-        let mut stats = self.stats;
-
-        // Fixed top-level chains.
-        let mut forward = String::new();
-        if !cfg.conntrack_tcp_liberal {
-            if self.input.nfacct.ct_state_invalid_dropped {
-                let _ = writeln!(
-                    forward,
-                    "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name {} -j DROP",
-                    nfacct::CT_STATE_INVALID_DROPPED
-                );
-            } else {
-                forward.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
-            }
-        }
-        let _ = writeln!(
-            forward,
-            "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
-        );
-        forward.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
-
-        let mut postrouting = String::new();
-        let _ = writeln!(postrouting, "-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN");
-        let _ = writeln!(postrouting, "-A KUBE-POSTROUTING -j MARK --xor-mark {mark}");
-        postrouting.push_str(
-            "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE",
-        );
-        if cfg.random_fully {
-            postrouting.push_str(" --random-fully");
-        }
-        postrouting.push('\n');
-        let mark_masq = format!("-A KUBE-MARK-MASQ -j MARK --or-mark {mark}\n");
-
-        let kubelet_firewall = (cfg.family == IpFamily::V4 && cfg.localhost_nodeports).then(|| {
-            "-A KUBE-FIREWALL -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n".to_string()
-        });
-
-        // Filter table top-level chains, in canonical order.
-        let mut filter: Vec<(&'static str, &'static str, String)> = vec![
-            ("filter/KUBE-NODEPORTS", chains::KUBE_NODEPORTS, self.filter_nodeports),
-            ("filter/KUBE-SERVICES", chains::KUBE_SERVICES, self.filter_services),
-            ("filter/KUBE-EXTERNAL-SERVICES", chains::KUBE_EXTERNAL_SERVICES, self.filter_external),
-        ];
-        if let Some(fw) = kubelet_firewall {
-            filter.push(("filter/KUBE-FIREWALL", chains::KUBE_FIREWALL, fw));
-        }
-        filter.push(("filter/KUBE-FORWARD", chains::KUBE_FORWARD, forward));
-        filter.push(("filter/KUBE-PROXY-FIREWALL", chains::KUBE_PROXY_FIREWALL, self.filter_firewall));
-
-        let nat_top: Vec<(&'static str, &'static str, String)> = vec![
-            ("nat/KUBE-NODEPORTS", chains::KUBE_NODEPORTS, self.nat_nodeports),
-            ("nat/KUBE-SERVICES", chains::KUBE_SERVICES, self.nat_services),
-            ("nat/KUBE-MARK-MASQ", chains::KUBE_MARK_MASQ, mark_masq),
-            ("nat/KUBE-POSTROUTING", chains::KUBE_POSTROUTING, postrouting),
-        ];
-
-        let unchanged = |key: &str, body: &str| !full && state.written.get(key).is_some_and(|b| b == body);
+    /// Assembles the payload: `*filter`, then `*nat` with every per-service chain written
+    /// and the stale chains' deletions.
+    fn finish(mut self) -> Rendered {
+        let filter = self.filter_chains();
+        let nat_fixed = self.nat_fixed_chains();
 
         let mut top_level = Vec::new();
-        let top_len: usize = filter.iter().chain(nat_top.iter()).map(|(_, _, b)| b.len() + 64).sum();
+        let top_len: usize = filter.iter().chain(nat_fixed.iter()).map(|c| c.rules.len() + 64).sum();
         let mut out = String::with_capacity(
             self.arena.len()
                 + self.endpoint_chain_bytes
@@ -772,92 +828,147 @@ impl<'a> Renderer<'a> {
                 + top_len
                 + 256,
         );
-
-        // *filter
-        out.push_str("*filter\n");
-        stats.filter_rules_total = filter.iter().map(|(_, _, body)| count_lines(body)).sum();
-        let filter: Vec<_> = filter.into_iter().filter(|(k, _, body)| !unchanged(k, body)).collect();
-        for (_, chain, _) in &filter {
-            push_chain_line(&mut out, chain);
+        self.write_filter_table(&mut out, filter, &mut top_level);
+        self.write_nat_table(&mut out, nat_fixed, &mut top_level);
+        Rendered {
+            payload: out,
+            full: self.input.changed.is_none(),
+            stats: self.stats,
+            top_level,
+            service_rules: self.service_rules,
+            active_nat_chains: self.active,
         }
-        for (key, _, body) in filter {
-            out.push_str(&body);
-            stats.filter_chains += 1;
-            stats.filter_rules += count_lines(&body);
-            top_level.push((key, body));
+    }
+
+    /// Whether a partial sync can leave out top-level chain `key`: the kernel already holds
+    /// exactly `rules` there.
+    fn unchanged(&self, key: &str, rules: &str) -> bool {
+        self.input.changed.is_some() && self.state.written.get(key).is_some_and(|b| b == rules)
+    }
+
+    /// The filter table's chains in canonical order: those holding the services' entries
+    /// (taken out of the renderer) and the fixed ones.
+    fn filter_chains(&mut self) -> Vec<TopLevelChain> {
+        let mut filter = vec![
+            TopLevelChain::new(
+                "filter/KUBE-NODEPORTS",
+                chains::KUBE_NODEPORTS,
+                std::mem::take(&mut self.filter_nodeports),
+            ),
+            TopLevelChain::new(
+                "filter/KUBE-SERVICES",
+                chains::KUBE_SERVICES,
+                std::mem::take(&mut self.filter_services),
+            ),
+            TopLevelChain::new(
+                "filter/KUBE-EXTERNAL-SERVICES",
+                chains::KUBE_EXTERNAL_SERVICES,
+                std::mem::take(&mut self.filter_external),
+            ),
+        ];
+        if let Some(rules) = kubelet_firewall_rules(self.cfg) {
+            filter.push(TopLevelChain::new("filter/KUBE-FIREWALL", chains::KUBE_FIREWALL, rules));
+        }
+        filter.push(TopLevelChain::new(
+            "filter/KUBE-FORWARD",
+            chains::KUBE_FORWARD,
+            forward_rules(self.cfg, &self.input.nfacct),
+        ));
+        filter.push(TopLevelChain::new(
+            "filter/KUBE-PROXY-FIREWALL",
+            chains::KUBE_PROXY_FIREWALL,
+            std::mem::take(&mut self.filter_firewall),
+        ));
+        filter
+    }
+
+    /// The nat table's top-level chains: those holding the services' entries (taken out of
+    /// the renderer) and the fixed ones.
+    fn nat_fixed_chains(&mut self) -> Vec<TopLevelChain> {
+        vec![
+            TopLevelChain::new("nat/KUBE-NODEPORTS", chains::KUBE_NODEPORTS, std::mem::take(&mut self.nat_nodeports)),
+            TopLevelChain::new("nat/KUBE-SERVICES", chains::KUBE_SERVICES, std::mem::take(&mut self.nat_services)),
+            TopLevelChain::new("nat/KUBE-MARK-MASQ", chains::KUBE_MARK_MASQ, mark_masq_rules(self.cfg)),
+            TopLevelChain::new("nat/KUBE-POSTROUTING", chains::KUBE_POSTROUTING, postrouting_rules(self.cfg)),
+        ]
+    }
+
+    /// Writes `*filter`: the chains whose rules changed since the last sync (all on a full
+    /// sync).
+    fn write_filter_table(
+        &mut self,
+        out: &mut String,
+        filter: Vec<TopLevelChain>,
+        top_level: &mut Vec<(&'static str, String)>,
+    ) {
+        out.push_str("*filter\n");
+        self.stats.filter_rules_total = filter.iter().map(|c| count_lines(&c.rules)).sum();
+        let filter: Vec<_> = filter.into_iter().filter(|c| !self.unchanged(c.key, &c.rules)).collect();
+        for c in &filter {
+            push_chain_line(out, c.chain);
+        }
+        for c in filter {
+            out.push_str(&c.rules);
+            self.stats.filter_chains += 1;
+            self.stats.filter_rules += count_lines(&c.rules);
+            top_level.push((c.key, c.rules));
         }
         out.push_str("COMMIT\n");
+    }
 
-        // *nat: the two fixed-first chains, then everything else by name: the per-service
-        // chains (sorted in place) merged with the few other top-level and stale chains.
+    /// Writes `*nat`: the two fixed-first chains, then everything else by name (the
+    /// per-service chains, sorted in place, merged with the few other top-level and stale
+    /// chains), then the stale chains' deletions.
+    fn write_nat_table(
+        &mut self,
+        out: &mut String,
+        nat_fixed: Vec<TopLevelChain>,
+        top_level: &mut Vec<(&'static str, String)>,
+    ) {
         out.push_str("*nat\n");
-        let mut firsts: Vec<(&'static str, &'static str, String)> = Vec::new();
+        let mut firsts: Vec<TopLevelChain> = Vec::new();
         let mut others: Vec<(u128, &str, Other)> = Vec::with_capacity(self.stale.len() + 4);
         let mut omitted_nat_rules = 0;
-        for (key, chain, body) in nat_top {
-            if unchanged(key, &body) {
-                omitted_nat_rules += count_lines(&body);
+        for c in nat_fixed {
+            if self.unchanged(c.key, &c.rules) {
+                omitted_nat_rules += count_lines(&c.rules);
                 continue;
             }
-            if chain == chains::KUBE_NODEPORTS || chain == chains::KUBE_SERVICES {
-                firsts.push((key, chain, body));
+            if c.chain == chains::KUBE_NODEPORTS || c.chain == chains::KUBE_SERVICES {
+                firsts.push(c);
             } else {
-                others.push((sort_key(chain), chain, Other::Top(key, body)));
+                others.push((sort_key(c.chain), c.chain, Other::Top(c.key, c.rules)));
             }
         }
         for chain in &self.stale {
             others.push((sort_key(chain), chain.as_str(), Other::Stale));
         }
         others.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-        let mut spans = self.spans;
         // Each per-service chain has exactly one span: its rules are written together.
-        spans.sort_unstable_by(|a, b| a.sort.cmp(&b.sort).then_with(|| a.name.as_str().cmp(b.name.as_str())));
+        self.spans.sort_unstable_by(|a, b| a.sort.cmp(&b.sort).then_with(|| a.name.as_str().cmp(b.name.as_str())));
 
-        for (_, chain, _) in &firsts {
-            push_chain_line(&mut out, chain);
+        for c in &firsts {
+            push_chain_line(out, c.chain);
         }
-        for item in merged(&spans, &others) {
+        for item in merged(&self.spans, &others) {
             match item {
-                Merged::Span(span) => push_chain_line(&mut out, &span.name),
-                Merged::Other(chain, _) => push_chain_line(&mut out, chain),
+                Merged::Span(span) => push_chain_line(out, &span.name),
+                Merged::Other(chain, _) => push_chain_line(out, chain),
             }
         }
-        stats.nat_chains = firsts.len() + spans.len() + others.len();
+        self.stats.nat_chains = firsts.len() + self.spans.len() + others.len();
         let mut nat_rules = 0;
-        for (_, _, text) in &firsts {
-            out.push_str(text);
-            nat_rules += count_lines(text);
+        for c in &firsts {
+            out.push_str(&c.rules);
+            nat_rules += count_lines(&c.rules);
         }
-        for item in merged(&spans, &others) {
-            match item {
-                Merged::Span(span) => {
-                    match span.body {
-                        SpanBody::Arena { start, end, .. } => out.push_str(&self.arena[start..end]),
-                        SpanBody::Endpoint { svc, ep } => {
-                            push_endpoint_chain(&mut out, svc, ep, &span.name, self.large)
-                        }
-                    }
-                    nat_rules += span.rules();
-                }
-                Merged::Other(_, Other::Top(_, text)) => {
-                    out.push_str(text);
-                    nat_rules += count_lines(text);
-                }
-                Merged::Other(_, Other::Stale) => {}
-            }
-        }
-        for (_, chain, body) in &others {
-            if matches!(body, Other::Stale) {
-                out.push_str("-X ");
-                out.push_str(chain);
-                out.push('\n');
-                nat_rules += 1;
-                stats.deleted_chains += 1;
-            }
-        }
+        nat_rules += write_nat_chain_rules(out, &self.arena, &self.spans, &others, self.large);
+        let deleted = write_stale_deletions(out, &others);
+        nat_rules += deleted;
+        self.stats.deleted_chains += deleted;
         out.push_str("COMMIT\n");
-        for (key, _, text) in firsts {
-            top_level.push((key, text));
+        for c in firsts {
+            top_level.push((c.key, c.rules));
         }
         for (_, _, body) in others {
             if let Other::Top(key, text) = body {
@@ -865,17 +976,119 @@ impl<'a> Renderer<'a> {
             }
         }
 
-        stats.nat_rules = nat_rules;
-        stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - stats.deleted_chains;
-        Rendered {
-            payload: out,
-            full,
-            stats,
-            top_level,
-            service_rules: self.service_rules,
-            active_nat_chains: self.active,
+        self.stats.nat_rules = nat_rules;
+        self.stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - self.stats.deleted_chains;
+    }
+}
+
+/// A top-level chain as this render would write it.
+struct TopLevelChain {
+    /// Its key in [`RenderState`]: `table/chain`.
+    key: &'static str,
+    chain: &'static str,
+    rules: String,
+}
+
+impl TopLevelChain {
+    fn new(key: &'static str, chain: &'static str, rules: String) -> Self {
+        TopLevelChain { key, chain, rules }
+    }
+}
+
+/// filter `KUBE-FORWARD`: drops INVALID packets (unless conntrack is liberal), accepts
+/// marked and established service traffic.
+fn forward_rules(cfg: &RenderConfig, nfacct: &NfacctCounters) -> String {
+    let mark = &cfg.masquerade_mark;
+    let mut forward = String::new();
+    if !cfg.conntrack_tcp_liberal {
+        if nfacct.ct_state_invalid_dropped {
+            let _ = writeln!(
+                forward,
+                "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name {} -j DROP",
+                nfacct::CT_STATE_INVALID_DROPPED
+            );
+        } else {
+            forward.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
         }
     }
+    let _ = writeln!(
+        forward,
+        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark}/{mark} -j ACCEPT"
+    );
+    forward.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
+    forward
+}
+
+/// filter `KUBE-FIREWALL`: kubelet's anti-martian rule, written only when localhost
+/// NodePorts are on (IPv4).
+fn kubelet_firewall_rules(cfg: &RenderConfig) -> Option<String> {
+    (cfg.family == IpFamily::V4 && cfg.localhost_nodeports).then(|| {
+        "-A KUBE-FIREWALL -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n".to_string()
+    })
+}
+
+/// nat `KUBE-POSTROUTING`: masquerades marked traffic, clearing the mark.
+fn postrouting_rules(cfg: &RenderConfig) -> String {
+    let mark = &cfg.masquerade_mark;
+    let mut postrouting = String::new();
+    let _ = writeln!(postrouting, "-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN");
+    let _ = writeln!(postrouting, "-A KUBE-POSTROUTING -j MARK --xor-mark {mark}");
+    postrouting.push_str(
+        "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE",
+    );
+    if cfg.random_fully {
+        postrouting.push_str(" --random-fully");
+    }
+    postrouting.push('\n');
+    postrouting
+}
+
+/// nat `KUBE-MARK-MASQ`: marks traffic for masquerading in KUBE-POSTROUTING.
+fn mark_masq_rules(cfg: &RenderConfig) -> String {
+    format!("-A KUBE-MARK-MASQ -j MARK --or-mark {}\n", cfg.masquerade_mark)
+}
+
+/// Writes the rules of the nat chains after the fixed-first ones, in name order (`spans`
+/// and `others` sorted); returns how many.
+fn write_nat_chain_rules(
+    out: &mut String,
+    arena: &str,
+    spans: &[ChainSpan<'_>],
+    others: &[(u128, &str, Other)],
+    large: bool,
+) -> usize {
+    let mut nat_rules = 0;
+    for item in merged(spans, others) {
+        match item {
+            Merged::Span(span) => {
+                match span.body {
+                    SpanBody::Arena { start, end, .. } => out.push_str(&arena[start..end]),
+                    SpanBody::Endpoint { svc, ep } => push_endpoint_chain(out, svc, ep, &span.name, large),
+                }
+                nat_rules += span.rules();
+            }
+            Merged::Other(_, Other::Top(_, text)) => {
+                out.push_str(text);
+                nat_rules += count_lines(text);
+            }
+            Merged::Other(_, Other::Stale) => {}
+        }
+    }
+    nat_rules
+}
+
+/// Writes a `-X` line for each stale chain in `others`; returns how many.
+fn write_stale_deletions(out: &mut String, others: &[(u128, &str, Other)]) -> usize {
+    let mut deleted = 0;
+    for (_, chain, body) in others {
+        if matches!(body, Other::Stale) {
+            out.push_str("-X ");
+            out.push_str(chain);
+            out.push('\n');
+            deleted += 1;
+        }
+    }
+    deleted
 }
 
 /// A nat chain other than the per-service ones: a top-level chain written in this sync

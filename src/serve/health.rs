@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -338,62 +339,36 @@ pub fn node_eligible(node: &Node) -> bool {
     !taints.iter().any(|taint| taint.key == TO_BE_DELETED_TAINT)
 }
 
+/// Go's zero `time.Time`, 0001-01-01 00:00:00 UTC: what Go prints for a time never set.
+const GO_ZERO_TIME: Timestamp = Timestamp::constant(-62_135_596_800, 0);
+
 /// A time as Go's `time.Time.String()` prints it in UTC (`2006-01-02 15:04:05.999999999 -0700
 /// MST`, fraction trimmed), which is what upstream's probe bodies carry. `None` is Go's zero
 /// time. Go also appends the monotonic clock reading (`m=+1.5`); that is process-local and
 /// left out.
 pub fn go_time_string(t: Option<SystemTime>) -> String {
-    let Some(t) = t else {
-        return "0001-01-01 00:00:00 +0000 UTC".to_string();
-    };
-    let (date, time, fraction) = civil_parts(t);
-    format!("{date} {time}{fraction} +0000 UTC")
+    go_format("%Y-%m-%d %H:%M:%S%.f +0000 UTC", t)
 }
 
 /// A time as Go's `json.Marshal` writes a `time.Time` in UTC: `time.RFC3339Nano`
 /// (`2006-01-02T15:04:05.999999999Z07:00`, fraction trimmed of trailing zeros, `Z` for
 /// UTC). `None` is Go's zero time.
 pub fn go_rfc3339_nano(t: Option<SystemTime>) -> String {
-    let Some(t) = t else {
-        return "0001-01-01T00:00:00Z".to_string();
-    };
-    let (date, time, fraction) = civil_parts(t);
-    format!("{date}T{time}{fraction}Z")
+    go_format("%Y-%m-%dT%H:%M:%S%.fZ", t)
 }
 
-/// `t` in UTC as (`YYYY-MM-DD`, `hh:mm:ss`, `.fraction` trimmed or empty).
-fn civil_parts(t: SystemTime) -> (String, String, String) {
-    let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_nanos()),
-        Err(e) => {
-            let d = e.duration();
-            let secs = -i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
-            match d.subsec_nanos() {
-                0 => (secs, 0),
-                n => (secs - 1, 1_000_000_000 - n),
-            }
-        }
+/// `t` (Go's zero time for `None`) in UTC through a strftime `format`. jiff's `%Y` pads to
+/// four digits and `%.f` trims trailing zeros (nothing for a whole second), as Go's layouts
+/// do.
+fn go_format(format: &str, t: Option<SystemTime>) -> String {
+    let timestamp = match t {
+        None => GO_ZERO_TIME,
+        // jiff spans years -9999 to 9999; a clock outside them is clamped to the nearest end
+        // (Go would print the year, but no clock that the probes report reads one).
+        Some(t) => Timestamp::try_from(t).unwrap_or(if t < UNIX_EPOCH { Timestamp::MIN } else { Timestamp::MAX }),
     };
-    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
-    let second_of_day = secs.rem_euclid(86_400);
-    let date = format!("{year:04}-{month:02}-{day:02}");
-    let time = format!("{:02}:{:02}:{:02}", second_of_day / 3600, second_of_day % 3600 / 60, second_of_day % 60);
-    let fraction = if nanos == 0 { String::new() } else { format!(".{}", format!("{nanos:09}").trim_end_matches('0')) };
-    (date, time, fraction)
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, u32::try_from(month).unwrap_or(1), u32::try_from(day).unwrap_or(1))
+    // A timestamp has every field these formats name: formatting cannot fail.
+    jiff::fmt::strtime::format(format, timestamp).unwrap_or_default()
 }
 
 /// The proxier health shared by the sync loop (writer) and the HTTP handlers (readers).
@@ -629,6 +604,26 @@ mod tests {
         assert_eq!(go_time_string(Some(at(0) + Duration::from_nanos(1))), "1970-01-01 00:00:00.000000001 +0000 UTC");
         let before = UNIX_EPOCH - Duration::from_millis(500);
         assert_eq!(go_time_string(Some(before)), "1969-12-31 23:59:59.5 +0000 UTC");
+        // Trailing zeros of the fraction are trimmed, inner ones kept.
+        assert_eq!(go_time_string(Some(at(0) + Duration::from_millis(100))), "1970-01-01 00:00:00.1 +0000 UTC");
+        assert_eq!(
+            go_time_string(Some(at(0) + Duration::from_nanos(100_020_300))),
+            "1970-01-01 00:00:00.1000203 +0000 UTC"
+        );
+        // Years below 1000 are padded to four digits (seconds from Python's proleptic
+        // Gregorian calendar, as Go's).
+        assert_eq!(go_time_string(Some(before_epoch(30_610_224_001))), "0999-12-31 23:59:59 +0000 UTC");
+        assert_eq!(
+            go_time_string(Some(before_epoch(60_836_381_633) + Duration::from_micros(250))),
+            "0042-03-04 05:06:07.00025 +0000 UTC"
+        );
+        // Go's zero time, given as a time rather than as `None`.
+        assert_eq!(go_time_string(Some(before_epoch(62_135_596_800))), "0001-01-01 00:00:00 +0000 UTC");
+    }
+
+    /// `secs` seconds before the Unix epoch.
+    fn before_epoch(secs: u64) -> SystemTime {
+        UNIX_EPOCH - Duration::from_secs(secs)
     }
 
     #[test]
@@ -747,6 +742,14 @@ mod tests {
         assert_eq!(go_rfc3339_nano(Some(t)), "2000-02-29T12:00:00.12Z");
         assert_eq!(go_rfc3339_nano(Some(at(0) + Duration::from_nanos(1))), "1970-01-01T00:00:00.000000001Z");
         assert_eq!(go_rfc3339_nano(Some(UNIX_EPOCH - Duration::from_millis(500))), "1969-12-31T23:59:59.5Z");
+        assert_eq!(go_rfc3339_nano(Some(at(0) + Duration::from_millis(100))), "1970-01-01T00:00:00.1Z");
+        assert_eq!(go_rfc3339_nano(Some(at(0) + Duration::from_nanos(100_020_300))), "1970-01-01T00:00:00.1000203Z");
+        assert_eq!(go_rfc3339_nano(Some(before_epoch(30_610_224_001))), "0999-12-31T23:59:59Z");
+        assert_eq!(
+            go_rfc3339_nano(Some(before_epoch(60_836_381_633) + Duration::from_micros(250))),
+            "0042-03-04T05:06:07.00025Z"
+        );
+        assert_eq!(go_rfc3339_nano(Some(before_epoch(62_135_596_800))), "0001-01-01T00:00:00Z");
     }
 
     /// 2023-11-14T22:13:50.123456789Z
