@@ -249,30 +249,28 @@ fn addresses_not_in_canonical_form_are_warned_about_on_their_objects() {
     let d = daemon_of_release(events.clone(), true, v4.clone(), "1.29");
     let (lb, web) = oddly_spelled_objects();
     let notes = warnings_for(&d, &events, lb, web);
+    // The problems an object shows at once are one Warning (notes joined by "; ").
     let expected = [
-        ("lb", "service ns1/lb: spec.externalIPs: \"010.1.1.1\" is not in canonical form (it means 10.1.1.1); skipped"),
         (
             "lb",
-            "service ns1/lb: status.loadBalancer.ingress: \"::ffff:203.0.113.11\" is not in canonical form (it means 203.0.113.11); skipped",
-        ),
-        (
-            "lb",
-            "service ns1/lb: spec.loadBalancerSourceRanges: \"10.0.0.0/08\" is not in canonical form (it means 10.0.0.0/8); skipped",
-        ),
-        (
-            "lb",
-            "service ns1/lb: spec.loadBalancerSourceRanges: \"fd00::/08\" is not in canonical form (it means fd00::/8); skipped",
+            [
+                "service ns1/lb: spec.externalIPs: \"010.1.1.1\" is not in canonical form (it means 10.1.1.1); skipped",
+                "service ns1/lb: status.loadBalancer.ingress: \"::ffff:203.0.113.11\" is not in canonical form (it means 203.0.113.11); skipped",
+                "service ns1/lb: spec.loadBalancerSourceRanges: \"10.0.0.0/08\" is not in canonical form (it means 10.0.0.0/8); skipped",
+                "service ns1/lb: spec.loadBalancerSourceRanges: \"fd00::/08\" is not in canonical form (it means fd00::/8); skipped",
+            ]
+            .as_slice(),
         ),
         (
             "lb-1",
-            "endpoint slice ns1/lb-1: endpoints[1].addresses[0]: \"010.244.1.6\" is not in canonical form (it means 10.244.1.6); endpoint skipped",
-        ),
-        (
-            "lb-1",
-            "endpoint slice ns1/lb-1: endpoints[2].addresses[0]: \"10.244.1.09\" is not in canonical form (it means 10.244.1.9); endpoint skipped",
+            [
+                "endpoint slice ns1/lb-1: endpoints[1].addresses[0]: \"010.244.1.6\" is not in canonical form (it means 10.244.1.6); endpoint skipped",
+                "endpoint slice ns1/lb-1: endpoints[2].addresses[0]: \"10.244.1.09\" is not in canonical form (it means 10.244.1.9); endpoint skipped",
+            ]
+            .as_slice(),
         ),
     ];
-    let expected: Vec<(String, String)> = expected.iter().map(|(o, n)| ((*o).to_owned(), (*n).to_owned())).collect();
+    let expected: Vec<(String, String)> = expected.iter().map(|(o, n)| ((*o).to_owned(), n.join("; "))).collect();
     assert_eq!(notes, expected);
 
     // What remains is used: the canonical external IP, ingress IP, range and endpoint.
@@ -470,7 +468,9 @@ async fn the_kube_recorder_posts_events_k8s_io_v1_events_and_folds_repeats() {
 
     // Transient failures are retried.
     server.fail_next_events(2, 503);
-    recorder.record(lb.clone(), EventType::Warning, "FailedToStartServiceHealthcheck", "Listen", "second");
+    // (Another object: the same object and reason would count in lb's series, note or not.)
+    let other = service_ref(&NamespacedName::new("ns1", "other"));
+    recorder.record(other, EventType::Warning, "FailedToStartServiceHealthcheck", "Listen", "second");
     wait_until("the retried event", || {
         event_named(&server.events(), "FailedToStartServiceHealthcheck", "second").is_some()
     })
@@ -506,8 +506,15 @@ async fn a_full_queue_drops_and_counts_without_blocking() {
     let (recorder, task) =
         KubeEventRecorder::start(server.client(), reporting_instance(NODE), options, shutdown.clone());
     // On this single-threaded runtime the task cannot run before the test yields.
+    // Five objects, so no record folds into another's series.
     for i in 0..5 {
-        recorder.record(node_ref(NODE), EventType::Normal, "Starting", "StartKubeProxy", &format!("n{i}"));
+        recorder.record(
+            node_ref(&format!("node-{i}")),
+            EventType::Normal,
+            "Starting",
+            "StartKubeProxy",
+            &format!("n{i}"),
+        );
     }
     assert_eq!(recorder.dropped(), 3);
     wait_until("the queued events", || server.events().len() == 2).await;

@@ -33,10 +33,9 @@
 //! - Times come from `Timestamp::now()` inside `publish`, so the series logic cannot be
 //!   tested with a fake clock, and `eventTime` carries nanoseconds the API then drops.
 //!
-//! One difference runs the other way: its dedup key is upstream's `getKey` (type, action,
-//! reason, reporting controller and instance, regarding, related), while [`Aggregator`]
-//! also keys by `note`, so a repeat with another note starts a new Event here where
-//! upstream would count it in the first one's series (keeping the first note).
+//! Both key repeats as upstream's `getKey` does (type, action, reason, regarding; the
+//! reporting controller and instance are fixed here): the note is not part of it, so a
+//! repeat with another note counts in the first Event's series, which keeps its note.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -224,15 +223,15 @@ fn micro_time(t: SystemTime) -> MicroTime {
     MicroTime(Timestamp::new(seconds, nanos).unwrap_or(Timestamp::MAX))
 }
 
-/// What makes two records the same event for aggregation: the object, type, reason, action
-/// and note.
+/// What makes two records the same event for aggregation, as upstream's `getKey`: the
+/// object, type, reason and action — not the note, so a repeat with another note counts in
+/// the first one's series and keeps its note.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     regarding: [Option<String>; 6],
     type_: EventType,
     reason: String,
     action: String,
-    note: String,
 }
 
 impl Key {
@@ -250,7 +249,6 @@ impl Key {
             type_: r.type_,
             reason: r.reason.clone(),
             action: r.action.clone(),
-            note: r.note.clone(),
         }
     }
 }
@@ -699,8 +697,8 @@ impl InvalidObjectReporter {
         InvalidObjectReporter { recorder, reason, reported: HashMap::new() }
     }
 
-    /// The object `key` at `version` has `problems` (none: it is valid). Each problem not
-    /// yet reported for this version becomes a Warning on `regarding`.
+    /// The object `key` at `version` has `problems` (none: it is valid). The problems not yet
+    /// reported for this version become one Warning on `regarding`, notes joined by "; ".
     pub fn observe(&mut self, key: &NamespacedName, version: &str, problems: &[String], regarding: &ObjectReference) {
         if problems.is_empty() {
             self.reported.remove(key);
@@ -714,13 +712,14 @@ impl InvalidObjectReporter {
             entry.version = version.to_owned();
             entry.notes.clear();
         }
-        for problem in problems {
-            if entry.notes.contains(problem) {
-                continue;
-            }
-            entry.notes.push(problem.clone());
-            self.recorder.record(regarding.clone(), EventType::Warning, self.reason, ACTION_SKIP, problem);
+        let new: Vec<&str> = problems.iter().filter(|p| !entry.notes.contains(p)).map(String::as_str).collect();
+        if new.is_empty() {
+            return;
         }
+        // One Warning for all of them: repeats of an object's reason count in its first
+        // Event's series whatever their note (upstream's key), so later notes would be lost.
+        self.recorder.record(regarding.clone(), EventType::Warning, self.reason, ACTION_SKIP, &new.join("; "));
+        entry.notes.extend(new.into_iter().map(str::to_owned));
     }
 
     /// The object is gone.
@@ -815,20 +814,24 @@ mod tests {
         for i in 1..=4 {
             assert!(agg.observe(&r, t0 + Duration::from_secs(i), at(i)).is_empty(), "repeat {i} only counts");
         }
-        // Another note on the same object is another event.
-        assert_eq!(agg.observe(&rec("lb", REASON_FAILED_SERVICE_HEALTHCHECK, "other"), t0, at(0)).len(), 1);
+        // Another note on the same object and reason counts in the same series, as upstream's
+        // `getKey` leaves the note out; another reason is another event.
+        let other_note = rec("lb", REASON_FAILED_SERVICE_HEALTHCHECK, "other");
+        assert!(agg.observe(&other_note, t0 + Duration::from_secs(4), at(4)).is_empty());
+        assert_eq!(agg.observe(&rec("lb", "OtherReason", "port in use"), t0, at(0)).len(), 1);
 
         let ops = agg.flush(t0 + Duration::from_secs(10));
         assert_eq!(ops.len(), 1, "{ops:?}");
         assert!(matches!(ops[0], EventOp::Patch(_)));
-        assert_eq!(series_count(&ops[0]), 5);
+        assert_eq!(series_count(&ops[0]), 6);
+        assert_eq!(ops[0].event().note.as_deref(), Some("port in use"), "the series keeps the first note");
         let series = ops[0].event().series.as_ref().unwrap();
         assert_eq!(serde_json::to_value(&series.last_observed_time).unwrap(), "2023-11-14T22:13:24.000000Z");
         assert!(agg.flush(t0 + Duration::from_secs(20)).is_empty(), "flushed counts are not patched again");
 
         assert!(agg.observe(&r, t0 + Duration::from_secs(30), at(30)).is_empty());
         let ops = agg.flush(t0 + Duration::from_secs(40));
-        assert_eq!(series_count(&ops[0]), 6);
+        assert_eq!(series_count(&ops[0]), 7);
 
         // Quiet for longer than the window: the series ends, a repeat is a new Event.
         assert!(agg.flush(t0 + Duration::from_secs(400)).is_empty());
@@ -896,14 +899,22 @@ mod tests {
         let two = vec!["port 0".to_string(), "cluster IP".to_string()];
         reporter.observe(&key, "rv1", &two, &reference);
         assert_eq!(fake.records().len(), 2);
+        assert_eq!(fake.records()[1].note, "cluster IP");
+        // Problems seen together are one Warning.
+        let other = NamespacedName::new("ns1", "worse");
+        let three = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+        reporter.observe(&other, "rv1", &three, &service_ref(&other));
+        assert_eq!(fake.records().len(), 3);
+        assert_eq!(fake.records()[2].note, "a; b; c");
+        reporter.forget(&other);
         // A new version with the same problem: reported again.
         reporter.observe(&key, "rv2", &problems, &reference);
-        assert_eq!(fake.records().len(), 3);
+        assert_eq!(fake.records().len(), 4);
         // Fixed, then broken again at the same version token: reported again.
         reporter.observe(&key, "rv3", &[], &reference);
         assert_eq!(reporter.invalid_objects(), 0);
         reporter.observe(&key, "rv3", &problems, &reference);
-        assert_eq!(fake.records().len(), 4);
+        assert_eq!(fake.records().len(), 5);
         reporter.forget(&key);
         assert_eq!(reporter.invalid_objects(), 0);
     }
