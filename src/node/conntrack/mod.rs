@@ -17,8 +17,9 @@
 //!
 //! Deleting goes through the [`Conntrack`] trait: [`ExecConntrack`] runs the `conntrack` tool
 //! through [`crate::exec`] with upstream's exact argument lists (optionally inside a network
-//! namespace, for tests), [`FakeConntrack`] records what it was asked. A [`ClearRequest`] is
-//! one deletion; [`ClearRequest::args`] is the argv upstream would run for it.
+//! namespace, for tests), `FakeConntrack` (under the `testing` feature) records what it was
+//! asked. A [`ClearRequest`] is one deletion; [`ClearRequest::args`] is the argv upstream would
+//! run for it.
 //!
 //! Failures are logged and counted, never propagated: a stale entry costs one client its
 //! traffic until the entry times out, a failed sync would cost everyone.
@@ -32,7 +33,9 @@ pub mod reconciler;
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+#[cfg(any(test, feature = "testing"))]
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::exec::{Command, Exec, ExecError};
@@ -63,21 +66,21 @@ pub enum ConntrackError {
     Exec { request: Box<ClearRequest>, command: String, source: ExecError },
     #[error("failed to delete {request}: `{command}` exited with {status}: {output}")]
     Failed { request: Box<ClearRequest>, command: String, status: String, output: String },
-    /// Only from [`FakeConntrack`]: a failure a test asked for.
+    /// Only from `FakeConntrack`: a failure a test asked for.
     #[error("failed to delete {request}: {reason}")]
     Injected { request: Box<ClearRequest>, reason: String },
     #[error("failed to list {family} {protocol} conntrack entries: failed to run `{command}`: {source}")]
     ListExec { family: IpFamily, protocol: Protocol, command: String, source: ExecError },
     #[error("failed to list {family} {protocol} conntrack entries: `{command}` exited with {status}: {output}")]
     ListFailed { family: IpFamily, protocol: Protocol, command: String, status: String, output: String },
-    /// Only from [`FakeConntrack`].
+    /// Only from `FakeConntrack`.
     #[error("failed to list {family} {protocol} conntrack entries: injected failure")]
     ListInjected { family: IpFamily, protocol: Protocol },
     #[error("failed to delete {filter}: failed to run `{command}`: {source}")]
     FlowsExec { filter: Box<FlowFilter>, command: String, source: ExecError },
     #[error("failed to delete {filter}: `{command}` exited with {status}: {output}")]
     FlowsFailed { filter: Box<FlowFilter>, command: String, status: String, output: String },
-    /// Only from [`FakeConntrack`].
+    /// Only from `FakeConntrack`.
     #[error("failed to delete {filter}: injected failure")]
     FlowsInjected { filter: Box<FlowFilter> },
 }
@@ -375,11 +378,13 @@ impl Conntrack for ExecConntrack {
 /// Requests are validated like [`ExecConntrack`] validates them, and the ones registered with
 /// [`FakeConntrack::fail_on`] / [`FakeConntrack::fail_flows`] fail, so tests can check that
 /// one failure does not stop the rest.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct FakeConntrack {
     inner: Mutex<FakeState>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 struct FakeState {
     calls: Vec<ClearRequest>,
@@ -391,6 +396,7 @@ struct FakeState {
     failing_flows: HashSet<FlowFilter>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeConntrack {
     pub fn new() -> Self {
         Self::default()
@@ -509,6 +515,7 @@ impl FakeConntrack {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Conntrack for FakeConntrack {
     fn clear(&self, request: &ClearRequest) -> Result<()> {
         let mut state = self.lock();
