@@ -718,7 +718,7 @@ mod tests {
     use super::*;
     use crate::exec::{FakeExec, Output};
     use crate::model::{NamespacedName, ServicePortName};
-    use crate::tracker::testing::service;
+    use crate::tracker::testing::svc;
     use crate::tracker::{ServiceChangeTracker, ServiceEndpoint};
 
     const CLUSTER_IP: &str = "172.30.1.1";
@@ -738,12 +738,12 @@ mod tests {
     /// Upstream's fixture: one Service with a TCP and a UDP port on 53, an external IP, a
     /// load-balancer IP, and a node port on the UDP port.
     fn service_map() -> ServicePortMap {
-        let svc = service("test", "cleanup-test")
-            .cluster_ip(CLUSTER_IP)
+        let svc = svc("test", "cleanup-test")
+            .bare_cluster_ip(CLUSTER_IP)
             .external_ips(&[EXTERNAL_IP])
-            .port("dns-tcp", "TCP", 53)
-            .node_port("dns-udp", "UDP", 53, i32::from(NODE_PORT))
-            .ingress_ips(&[LB_IP])
+            .port("dns-tcp", "TCP", 53, 0)
+            .port("dns-udp", "UDP", 53, i32::from(NODE_PORT))
+            .lb_ingress(&[LB_IP])
             .build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4, crate::compat::Features::default());
         tracker.update(None, Some(&svc));
@@ -897,7 +897,8 @@ mod tests {
 
     #[test]
     fn same_endpoint_ip_on_two_ports_is_cleared_once() {
-        let svc = service("ns", "dns").cluster_ip("172.30.0.10").port("a", "UDP", 53).port("b", "UDP", 5353).build();
+        let svc =
+            svc("ns", "dns").bare_cluster_ip("172.30.0.10").port("a", "UDP", 53, 0).port("b", "UDP", 5353, 0).build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4, crate::compat::Features::default());
         tracker.update(None, Some(&svc));
         let mut map = ServicePortMap::new();
@@ -916,10 +917,10 @@ mod tests {
 
     #[test]
     fn ipv6_requests_carry_the_family_flag_and_bare_endpoint_ips() {
-        let svc = service("ns", "dns6")
-            .cluster_ip("fd00:10:96::a")
+        let svc = svc("ns", "dns6")
+            .bare_cluster_ip("fd00:10:96::a")
             .external_ips(&["2001:db8::99"])
-            .node_port("dns", "UDP", 53, 30053)
+            .port("dns", "UDP", 53, 30053)
             .build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V6, crate::compat::Features::default());
         tracker.update(None, Some(&svc));
