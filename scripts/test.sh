@@ -14,5 +14,6 @@ else
 fi
 if [ "$#" -eq 0 ]; then
     cargo clippy --release --all-targets -- -D warnings
-    RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps
+    # With the test doubles (the `testing` feature), which the tests' authors read too.
+    RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --features testing
 fi

@@ -2,17 +2,21 @@
 //!
 //! This module owns the [`Exec`] trait (run one [`Command`] to completion and collect its
 //! [`Output`]), [`RealExec`] (std::process with an optional timeout after which the child is
-//! killed) and [`FakeExec`] (scripted results and a call log, for tests).
+//! killed) and, under the `testing` feature, `FakeExec` (scripted results and a call log, for
+//! tests).
 //!
 //! Everything here is synchronous: callers are the proxier's sync and the iptables runner,
 //! which run on a plain thread (or inside `spawn_blocking`).
 
 use std::borrow::Cow;
+#[cfg(any(test, feature = "testing"))]
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::process::{Child, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+#[cfg(any(test, feature = "testing"))]
+use std::sync::{Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -150,7 +154,7 @@ pub enum ExecError {
     Io { program: String, source: io::Error },
     #[error("{program} did not finish within {timeout:?} and was killed")]
     TimedOut { program: String, timeout: Duration },
-    /// Only from [`FakeExec`]: a call nobody scripted, or that did not match the script.
+    /// Only from `FakeExec`: a call nobody scripted, or that did not match the script.
     #[error("unexpected command {command}: {reason}")]
     Unexpected { command: String, reason: String },
 }
@@ -253,6 +257,7 @@ fn wait(child: &mut Child, cmd: &Command<'_>) -> Result<ExitStatus, ExecError> {
 }
 
 /// One scripted response of a [`FakeExec`].
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug)]
 pub struct Expectation {
     /// The command line (argv joined by single spaces) the call must have; `None` accepts any
@@ -262,6 +267,7 @@ pub struct Expectation {
 }
 
 /// One call a [`FakeExec`] received.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
     pub argv: Vec<String>,
@@ -269,6 +275,7 @@ pub struct Call {
     pub timeout: Option<Duration>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Call {
     /// The argv joined with spaces (for compact assertions).
     pub fn line(&self) -> String {
@@ -287,17 +294,20 @@ impl Call {
 /// Expectations are written as one string and compared with the call's argv joined by spaces
 /// (runs of whitespace count as one), so an argument containing spaces matches the words it is
 /// made of; assert on [`FakeExec::calls`] where argument boundaries matter.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct FakeExec {
     inner: Mutex<FakeInner>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 struct FakeInner {
     script: VecDeque<Expectation>,
     calls: Vec<Call>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeExec {
     pub fn new() -> Self {
         Self::default()
@@ -348,6 +358,7 @@ impl FakeExec {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Exec for FakeExec {
     fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
         let mut inner = self.lock();

@@ -9,9 +9,9 @@ use kube_proxy_rs::iptables::Iptables;
 use kube_proxy_rs::iptables::runner::Backend;
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces, SyncOutcome};
+use kube_proxy_rs::tracker::testing::{ep, slice, svc};
 
 use crate::require_root;
-use crate::support::fixtures::{ep, slice, svc};
 use crate::support::harness::{TEST_NODE_NAME, upstream_interfaces, upstream_render_config};
 use crate::support::netns::Netns;
 

@@ -15,12 +15,12 @@ use kube_proxy_rs::node::conntrack::{
     CleanupSummary, Conntrack, ConntrackEntry, EndpointMatch, ExecConntrack, ReconcileSummary, clean_stale_entries,
     reconcile,
 };
+use kube_proxy_rs::tracker::testing::{ep, slice, svc};
 use kube_proxy_rs::tracker::{
     EndpointChangeTracker, EndpointsMap, ServiceChangeTracker, ServiceEndpoint, ServicePortMap,
 };
 
 use crate::require_root;
-use crate::support::fixtures::{ep, slice, svc};
 use crate::support::netns::Netns;
 
 const CLIENT: &str = "198.18.0.10";

@@ -16,9 +16,13 @@ use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::node::conntrack::FakeConntrack;
 use kube_proxy_rs::node::sysctl::FakeSysctl;
 use kube_proxy_rs::proxier::StaticInterfaces;
+use kube_proxy_rs::tracker::testing::{node, slice, svc};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::fixtures::{node, slice, svc};
+use crate::support::poll::{FAST_POLL, eventually_fast, poll_until};
+
+/// How long a wait for the daemon's tasks may take.
+const WAIT: Duration = Duration::from_secs(10);
 
 fn settings() -> Settings {
     Settings::from_config(&KubeProxyConfiguration::default()).expect("default settings")
@@ -80,24 +84,17 @@ async fn a_slice_changing_address_type_leaves_the_other_family() {
     for e in [Event::Init, Event::InitApply(v6), Event::InitDone] {
         slices.handle(e, &set);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !fakes.v6.save_all().contains("[fd00:10:1::5]:8080") {
-        assert!(Instant::now() < deadline, "IPv6 endpoint programmed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_fast("IPv6 endpoint programmed", WAIT, || fakes.v6.save_all().contains("[fd00:10:1::5]:8080")).await;
     let v4 = slice("ns1", "web", "web-x").tcp("http", 8080).ips(&["10.0.1.5"]).build();
     slices.handle(Event::Apply(v4.clone()), &set);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !fakes.v4.save_all().contains("10.0.1.5:8080") || fakes.v6.save_all().contains("fd00:10:1::5") {
-        assert!(Instant::now() < deadline, "IPv6 rules still hold the old endpoint:\n{}", fakes.v6.save_all());
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let moved = poll_until(WAIT, FAST_POLL, || {
+        fakes.v4.save_all().contains("10.0.1.5:8080") && !fakes.v6.save_all().contains("fd00:10:1::5")
+    });
+    if moved.await.is_none() {
+        panic!("IPv6 rules still hold the old endpoint:\n{}", fakes.v6.save_all());
     }
     slices.handle(Event::Delete(v4), &set);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while fakes.v4.save_all().contains("10.0.1.5:8080") {
-        assert!(Instant::now() < deadline, "IPv4 endpoint removed on delete");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_fast("IPv4 endpoint removed on delete", WAIT, || !fakes.v4.save_all().contains("10.0.1.5:8080")).await;
     assert!(!fakes.v6.save_all().contains("fd00:10:1::5"), "{}", fakes.v6.save_all());
     shutdown.cancel();
     let stopped = tokio::time::timeout(Duration::from_secs(10), loops).await.expect("loops stop");
@@ -147,11 +144,10 @@ async fn dual_stack_daemon_programs_both_families_and_shuts_down_cleanly() {
         slices.handle(e, &set);
     }
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(has_chain(&fakes.v4, "KUBE-SEP-") && has_chain(&fakes.v6, "KUBE-SEP-")) {
-        assert!(Instant::now() < deadline, "both families should be programmed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_fast("both families programmed", WAIT, || {
+        has_chain(&fakes.v4, "KUBE-SEP-") && has_chain(&fakes.v6, "KUBE-SEP-")
+    })
+    .await;
     let v4_rules = fakes.v4.save_all();
     assert!(v4_rules.contains("10.0.1.5:8080") && !v4_rules.contains("fd00:10:1::5"));
     let v6_rules = fakes.v6.save_all();
@@ -347,11 +343,7 @@ async fn slow_rig(sync_period: Duration) -> SlowRig {
     for e in [Event::Init, Event::InitApply(web_slice), Event::InitDone] {
         slices.handle(e, &set);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !has_chain(&fakes.v4, "KUBE-SVC-") {
-        assert!(Instant::now() < deadline, "first sync");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_fast("first sync", WAIT, || has_chain(&fakes.v4, "KUBE-SVC-")).await;
     SlowRig { slow, set, recorder, health_addr, metrics_addr, shutdown, tasks, loops }
 }
 
@@ -361,11 +353,7 @@ impl SlowRig {
         let mut services = ServiceEvents::default();
         let s = svc("ns1", name).cluster_ip(ip).tcp("http", 80).build();
         services.handle(Event::Apply(s), &self.set);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.slow.restoring() {
-            assert!(Instant::now() < deadline, "the slow restore should start");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually_fast("the slow restore to start", WAIT, || self.slow.restoring()).await;
     }
 
     async fn stop(self) {

@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::tracker::testing::{node, slice, svc};
 
 use crate::require_root;
 use crate::support::e2e::{
-    API_IP, BIN, DaemonProcess, HEALTHZ_ADDR, NODE_IP, TempDir, daemon_args, enter_netns, eventually, nat, topology,
-    topology_tls,
+    API_IP, BIN, DaemonProcess, HEALTHZ_ADDR, NODE_IP, TempDir, daemon_args, enter_netns, nat, topology, topology_tls,
 };
-use crate::support::fixtures::{node, slice, svc};
+use crate::support::poll::{SLOW_POLL, eventually, poll_until};
 
 fn web_slice(ip: &str) -> EndpointSlice {
     slice("ns1", "web", "web-1").tcp("http", 8080).ips(&[ip]).build()
@@ -374,10 +374,10 @@ async fn in_cluster_configuration_is_used_without_a_kubeconfig() {
         .env("KUBERNETES_SERVICE_HOST", API_IP)
         .env("KUBERNETES_SERVICE_PORT", &port);
     let mut daemon = DaemonProcess::spawn(cmd, dir.path().join("daemon.log"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !nat(&node_ns).contains("--to-destination 10.1.0.1:8080") {
-        assert!(Instant::now() < deadline, "not programmed through the in-cluster client:\n{}", daemon.log_text());
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let programmed =
+        poll_until(Duration::from_secs(30), SLOW_POLL, || nat(&node_ns).contains("--to-destination 10.1.0.1:8080"));
+    if programmed.await.is_none() {
+        panic!("not programmed through the in-cluster client:\n{}", daemon.log_text());
     }
     assert!(daemon.log_text().contains("in-cluster config"), "{}", daemon.log_text());
     let requests = server.requests();

@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
+use kube_proxy_rs::tracker::testing::{node, slice, svc};
 use serde_json::Value;
 
 use crate::require_root;
-use crate::support::e2e::{DaemonProcess, NODE_IP, TempDir, bind_in_netns, daemon_args, eventually, nat, topology};
-use crate::support::fixtures::{node, slice, svc};
+use crate::support::e2e::{DaemonProcess, NODE_IP, TempDir, bind_in_netns, daemon_args, nat, topology};
+use crate::support::poll::eventually;
 
 fn find<'a>(events: &'a [Value], reason: &str, name: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["reason"] == reason && e["regarding"]["name"] == name).collect()

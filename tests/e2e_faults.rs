@@ -29,6 +29,7 @@ use kube_proxy_rs::iptables::{FlushFlag, Iptables, RestoreCounters, Table};
 use kube_proxy_rs::k8s::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::{StaticInterfaces, SyncOutcome};
+use kube_proxy_rs::tracker::testing::{ep, node, slice, svc};
 use serde_json::json;
 
 use crate::require_root;
@@ -37,8 +38,8 @@ use crate::support::e2e::{
     DaemonProcess, HEALTHZ_ADDR, METRICS_ADDR, NODE_IP, TempDir, bind_in_netns, daemon_args, in_netns,
     interface_addresses, nat, topology,
 };
-use crate::support::fixtures::{ep, node, slice, svc};
 use crate::support::netns::Netns;
+use crate::support::poll::poll_until;
 use crate::support::{canonical_rules, line_diff};
 
 const HOST: &str = "node-f";
@@ -176,23 +177,16 @@ impl Testbed {
     /// state, then checks they stay so across a periodic sync.
     async fn wait_exact(&mut self, what: &str) {
         let expected = self.expected();
-        let start = Instant::now();
-        loop {
+        if poll_until(CONVERGE, Duration::from_millis(250), || self.actual() == expected).await.is_none() {
             let actual = self.actual();
-            if actual == expected {
-                break;
+            let mut text = String::new();
+            for f in FAMILIES {
+                text.push_str(&format!("{f}:\n{}", line_diff(&expected[&f], &actual[&f])));
             }
-            if start.elapsed() > CONVERGE {
-                let mut text = String::new();
-                for f in FAMILIES {
-                    text.push_str(&format!("{f}:\n{}", line_diff(&expected[&f], &actual[&f])));
-                }
-                panic!(
-                    "{what}: the node's rules do not match the API state (- expected, + actual):\n{text}\ndaemon log:\n{}",
-                    self.log()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            panic!(
+                "{what}: the node's rules do not match the API state (- expected, + actual):\n{text}\ndaemon log:\n{}",
+                self.log()
+            );
         }
         self.assert_alive();
         tokio::time::sleep(SYNC_PERIOD + Duration::from_millis(500)).await;
@@ -471,14 +465,13 @@ async fn iptables_restore_failures_turn_healthz_503_and_recover() {
     assert!(!nat(&t.node_ns).contains("198.19.9.1"), "nothing was written while restores fail");
 
     // It keeps retrying, every sync period.
-    let start = Instant::now();
-    loop {
-        let failures = metric(&t.node_ns, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total").unwrap_or(0.0);
-        if failures >= failures_before + 3.0 {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "restore failures not retried: {failures}\n{}", t.log());
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    let mut failures = 0.0;
+    let retried = poll_until(Duration::from_secs(20), Duration::from_millis(250), || {
+        failures = metric(&t.node_ns, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total").unwrap_or(0.0);
+        failures >= failures_before + 3.0
+    });
+    if retried.await.is_none() {
+        panic!("restore failures not retried: {failures}\n{}", t.log());
     }
     let log = t.log();
     assert!(log.matches("sync failed").count() >= 3, "each failure is logged:\n{log}");
@@ -488,13 +481,10 @@ async fn iptables_restore_failures_turn_healthz_503_and_recover() {
     t.assert_alive();
 
     std::fs::remove_file(&flag).expect("remove flag");
-    let recovered = Instant::now();
-    loop {
-        if healthz(&t.node_ns) == Some(200) {
-            break;
-        }
-        assert!(recovered.elapsed() < Duration::from_secs(20), "/healthz did not recover\n{}", t.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let recovered =
+        poll_until(Duration::from_secs(20), Duration::from_millis(100), || healthz(&t.node_ns) == Some(200));
+    if recovered.await.is_none() {
+        panic!("/healthz did not recover\n{}", t.log());
     }
     t.wait_exact("after restores work again").await;
     assert!(nat(&t.node_ns).contains("198.19.9.1:8081"), "the change made during the failure is programmed");

@@ -12,14 +12,15 @@
 //! the paths read-only, then `setpriv` limits the bounding set (a root process's capabilities
 //! after `execve`), clears the inheritable set and sets no_new_privs before exec'ing the daemon.
 
+use kube_proxy_rs::tracker::testing::{SliceBuilder, ep, node, slice, svc};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::require_root;
 use crate::support::cluster_net::{CPOD, Cluster, NODE_A, POD_A1, POD_A2, Pod, SERVE_PORT, UdpFlow, sa};
-use crate::support::e2e::{BIN, DaemonProcess, HEALTHZ_ADDR, NODE_IP, TempDir, daemon_args, eventually, topology};
-use crate::support::fixtures::{SliceBuilder, ep, node, slice, svc};
+use crate::support::e2e::{BIN, DaemonProcess, HEALTHZ_ADDR, NODE_IP, TempDir, daemon_args, topology};
 use crate::support::netns::Netns;
+use crate::support::poll::eventually;
 
 const PROGRAMMED: Duration = Duration::from_secs(30);
 

@@ -28,6 +28,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_proxy_rs::iptables::runner::Backend;
 use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::tracker::testing::{ep, node, slice, svc};
 use serde_json::json;
 
 use crate::require_root;
@@ -36,7 +37,6 @@ use crate::support::e2e::{
     BIN, DaemonProcess, NODE_IP, TempDir, bind_in_netns, create_nfacct_objects, daemon_args, interface_addresses,
     topology,
 };
-use crate::support::fixtures::{ep, node, slice, svc};
 use crate::support::netns::Netns;
 use crate::support::{canonical_rules, line_diff};
 

@@ -20,10 +20,11 @@ use crate::support::cluster_net::{
     CLIENT_IP, CLIENT_IP_ALT, CPOD, Cluster, Failure, NODE_A_IP, NsName, POD_A1, POD_A2, POD_B1, Pod, SERVE_PORT, sa,
     tcp_request, tcp_requests,
 };
-use crate::support::e2e::{BIN, eventually};
-use crate::support::fixtures::{ep, slice, svc};
+use crate::support::e2e::BIN;
 use crate::support::netns::Netns;
+use crate::support::poll::eventually;
 use kube_proxy_rs::exec::Output;
+use kube_proxy_rs::tracker::testing::{ep, slice, svc};
 
 const NS: &str = "tr";
 

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::tracker::testing::{SliceBuilder, ep, slice, svc};
 
 use crate::require_root;
 use crate::support::cluster_net::{
@@ -15,8 +16,8 @@ use crate::support::cluster_net::{
     Outcome, POD_A1, POD_A2, POD_B1, Pod, SERVE_PORT, SYNC_PERIOD, TcpFlow, UdpFlow, sa, tally, tcp_request,
     tcp_requests, udp_requests,
 };
-use crate::support::e2e::{BIN, eventually};
-use crate::support::fixtures::{SliceBuilder, ep, slice, svc};
+use crate::support::e2e::BIN;
+use crate::support::poll::{SLOW_POLL, eventually, poll_until};
 
 const NS: &str = "ns1";
 /// How long the daemon may take to program a change (first sync included).
@@ -49,7 +50,7 @@ fn pods_slice6(svc: &str, pods: &[&Pod]) -> EndpointSlice {
 }
 
 /// A ClusterIP Service with ports http 80/TCP, dns 53/UDP and echo 81/TCP.
-fn web(name: &str, ip: &str) -> crate::support::fixtures::SvcBuilder {
+fn web(name: &str, ip: &str) -> kube_proxy_rs::tracker::testing::SvcBuilder {
     svc(NS, name).cluster_ip(ip).tcp("http", 80).udp("dns", 53).tcp("echo", 81)
 }
 
@@ -61,14 +62,14 @@ fn ok_all(outcomes: &[Outcome], what: &str) {
 /// Waits until a TCP request from `ns` to `dst` is answered by one of `pods`.
 async fn wait_answered(c: &Cluster, from: &impl NsName, dst: std::net::SocketAddr, pods: &[&str]) {
     let mut last = None;
-    let start = Instant::now();
-    while start.elapsed() < PROGRAMMED {
+    let answered = poll_until(PROGRAMMED, SLOW_POLL, || {
         let o = tcp_request(from, dst, None);
-        if matches!(&o, Ok(r) if pods.contains(&r.pod.as_str())) {
-            return;
-        }
+        let done = matches!(&o, Ok(r) if pods.contains(&r.pod.as_str()));
         last = Some(o);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        done
+    });
+    if answered.await.is_some() {
+        return;
     }
     panic!("{dst} not answered by {pods:?} within {PROGRAMMED:?}; last {last:?}\n{}\n{}", c.nat(), c.log());
 }

@@ -4,6 +4,7 @@
 //! load-balancer ingresses with `ipMode: Proxy` (1.30). Same cluster network as
 //! e2e_traffic.rs. Root only.
 
+use kube_proxy_rs::tracker::testing::{Ep, ep, node, slice, svc};
 use std::time::{Duration, Instant};
 
 use crate::require_root;
@@ -11,8 +12,7 @@ use crate::support::cluster_net::{
     CPOD, Cluster, NODE_A, NODE_A_IP, NODE_A_IP6, POD_A1, POD_A2, POD_B1, Pod, PodServer, SERVE_PORT, sa, tally,
     tcp_request, tcp_requests,
 };
-use crate::support::e2e::eventually;
-use crate::support::fixtures::{Ep, ep, node, slice, svc};
+use crate::support::poll::eventually;
 
 const NS: &str = "ns1";
 const PROGRAMMED: Duration = Duration::from_secs(30);

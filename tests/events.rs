@@ -23,13 +23,16 @@ use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::node::sysctl::{ConntrackOutcome, FakeSysctl};
 use kube_proxy_rs::proxier::StaticInterfaces;
 use kube_proxy_rs::serve::healthcheck::ServiceHealthServer;
+use kube_proxy_rs::tracker::testing::{node, slice, svc};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::apiserver::ApiServer;
-use crate::support::fixtures::{node, slice, svc};
+use crate::support::poll::eventually_fast;
 
 const NODE: &str = "node-a";
+/// How long a wait for the recorder or the test API server may take.
+const WAIT: Duration = Duration::from_secs(10);
 
 /// A daemon on fake iptables (both families when `dual_stack`) reporting to `events`.
 fn daemon(events: Arc<FakeEventRecorder>, dual_stack: bool) -> Daemon {
@@ -355,7 +358,7 @@ async fn a_busy_health_check_port_is_reported_on_its_service_and_retried() {
     }
 
     let failed = || events.with_reason("FailedToStartServiceHealthcheck");
-    wait_until("a FailedToStartServiceHealthcheck event", || !failed().is_empty()).await;
+    eventually_fast("a FailedToStartServiceHealthcheck event", WAIT, || !failed().is_empty()).await;
     let e = &failed()[0];
     assert_eq!(e.type_, EventType::Warning);
     assert_eq!(e.action, "Listen");
@@ -365,13 +368,13 @@ async fn a_busy_health_check_port_is_reported_on_its_service_and_retried() {
     // The next sync (here: after an endpoint change) retries, and reports again; the
     // recorder folds the repeats into a series.
     slices.handle(Event::Apply(ep("10.0.1.6")), &set);
-    wait_until("a retry", || failed().len() >= 2).await;
+    eventually_fast("a retry", WAIT, || failed().len() >= 2).await;
     assert!(hc.listeners().is_empty());
 
     // The port comes free: the next sync opens it, and the reports stop.
     drop(squatter);
     slices.handle(Event::Apply(ep("10.0.1.7")), &set);
-    wait_until("the health check to open", || !hc.listeners().is_empty()).await;
+    eventually_fast("the health check to open", WAIT, || !hc.listeners().is_empty()).await;
     let reported = failed().len();
     slices.handle(Event::Apply(ep("10.0.1.8")), &set);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -383,14 +386,6 @@ async fn a_busy_health_check_port_is_reported_on_its_service_and_retried() {
         .expect("loops stop")
         .expect("loop task")
         .expect("no loop ended before shutdown");
-}
-
-async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn fast_options() -> EventOptions {
@@ -414,7 +409,7 @@ async fn the_kube_recorder_posts_events_k8s_io_v1_events_and_folds_repeats() {
     for _ in 0..3 {
         recorder.record(lb.clone(), EventType::Warning, "FailedToStartServiceHealthcheck", "Listen", busy);
     }
-    wait_until("the series count", || {
+    eventually_fast("the series count", WAIT, || {
         event_named(&server.events(), "FailedToStartServiceHealthcheck", busy)
             .is_some_and(|e| e["series"]["count"] == 3)
     })
@@ -471,7 +466,7 @@ async fn the_kube_recorder_posts_events_k8s_io_v1_events_and_folds_repeats() {
     // (Another object: the same object and reason would count in lb's series, note or not.)
     let other = service_ref(&NamespacedName::new("ns1", "other"));
     recorder.record(other, EventType::Warning, "FailedToStartServiceHealthcheck", "Listen", "second");
-    wait_until("the retried event", || {
+    eventually_fast("the retried event", WAIT, || {
         event_named(&server.events(), "FailedToStartServiceHealthcheck", "second").is_some()
     })
     .await;
@@ -480,14 +475,14 @@ async fn the_kube_recorder_posts_events_k8s_io_v1_events_and_folds_repeats() {
     server.fail_next_events(1, 422);
     recorder.record(lb.clone(), EventType::Warning, "Rejected", "Listen", "dropped");
     recorder.record(lb.clone(), EventType::Warning, "Accepted", "Listen", "after");
-    wait_until("the next event", || event_named(&server.events(), "Accepted", "after").is_some()).await;
+    eventually_fast("the next event", WAIT, || event_named(&server.events(), "Accepted", "after").is_some()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(event_named(&server.events(), "Rejected", "dropped").is_none(), "422 is not retried");
 
     // The Event expired on the server: the next series patch re-creates it, count included.
     server.delete_events();
     recorder.record(lb.clone(), EventType::Warning, "FailedToStartServiceHealthcheck", "Listen", busy);
-    wait_until("the re-created series", || {
+    eventually_fast("the re-created series", WAIT, || {
         event_named(&server.events(), "FailedToStartServiceHealthcheck", busy)
             .is_some_and(|e| e["series"]["count"] == 4 && e["metadata"]["name"] == warn_name.as_str())
     })
@@ -517,7 +512,7 @@ async fn a_full_queue_drops_and_counts_without_blocking() {
         );
     }
     assert_eq!(recorder.dropped(), 3);
-    wait_until("the queued events", || server.events().len() == 2).await;
+    eventually_fast("the queued events", WAIT, || server.events().len() == 2).await;
     let events = server.events();
     let mut got: Vec<&str> = events.iter().filter_map(|e| e["note"].as_str()).collect();
     got.sort_unstable();

@@ -15,13 +15,14 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use kube_proxy_rs::tracker::testing::{node, slice, svc};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::require_root;
 use crate::support::e2e::{BIN, DaemonProcess, NODE_IP, TempDir, daemon_args, kubeconfig_text, topology};
-use crate::support::fixtures::{node, slice, svc};
 use crate::support::netns::Netns;
+use crate::support::poll::{SLOW_POLL, poll_until};
 
 const ENTRYPOINT: &str = "/usr/local/bin/kube-proxy-rs";
 
@@ -279,15 +280,9 @@ async fn image_runs_the_daemon_and_cleans_up_with_iptables_legacy() {
 }
 
 /// Polls `check` for up to 30 s, failing with the daemon's log.
-async fn wait_for(daemon: &DaemonProcess, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for: {what}\ndaemon log:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+async fn wait_for(daemon: &DaemonProcess, what: &str, check: impl FnMut() -> bool) {
+    if poll_until(Duration::from_secs(30), SLOW_POLL, check).await.is_none() {
+        panic!("timed out waiting for: {what}\ndaemon log:\n{}", daemon.log_text());
     }
 }
 

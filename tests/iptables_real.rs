@@ -26,9 +26,9 @@ use kube_proxy_rs::proxier::cleanup::cleanup_leftovers;
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome, SyncReport};
+use kube_proxy_rs::tracker::testing::{ep, slice, svc};
 
 use crate::require_root;
-use crate::support::fixtures::{ep, slice, svc};
 use crate::support::netns::Netns;
 use crate::support::{canonical_rules, line_diff};
 

@@ -14,8 +14,8 @@ use kube_proxy_rs::iptables::fake::FakeIptables;
 use kube_proxy_rs::k8s::{NodeEvents, ProxierSet, ServiceEvents, SliceEvents};
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::proxier::SyncOutcome;
+use kube_proxy_rs::tracker::testing::{node, slice, svc};
 
-use crate::support::fixtures::{node, slice, svc};
 use crate::support::harness::{TEST_NODE_NAME, TestProxier, proxier_set_member, shared_test_proxier};
 
 struct Cluster {

@@ -14,18 +14,21 @@ use kube_proxy_rs::k8s::ProxierSet;
 use kube_proxy_rs::k8s::watch::{self, NodeCallback};
 use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces, SyncOutcome};
+use kube_proxy_rs::tracker::testing::{node, slice, svc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::apiserver::{ApiServer, Kind};
 use crate::support::assert_rules_eq;
-use crate::support::fixtures::{node, slice, svc};
 use crate::support::harness::{
     TEST_NODE_NAME, TestProxier, proxier_set_member, shared_test_proxier, upstream_interfaces, upstream_render_config,
 };
+use crate::support::poll::{eventually_fast, poll_until};
 
 /// How long a test may wait for the proxier to catch up with the API.
 const CONVERGE: Duration = Duration::from_secs(30);
+/// How often convergence is checked (each check may sync and saves the fake's tables).
+const POLL: Duration = Duration::from_millis(50);
 
 /// A proxier (fake iptables) fed by `watch::run` against `server`. Syncs are run by hand.
 struct Rig {
@@ -74,16 +77,13 @@ impl Rig {
     /// Syncs until the rules equal a fresh proxier's for exactly these objects.
     async fn converge(&mut self, services: &[Service], slices: &[EndpointSlice]) {
         let expected = reference(services, slices);
-        let deadline = tokio::time::Instant::now() + CONVERGE;
-        loop {
+        let converged = poll_until(CONVERGE, POLL, || {
             self.sync();
-            if self.ipt.save_all() == expected {
-                return;
-            }
-            if tokio::time::Instant::now() > deadline {
-                assert_rules_eq(&expected, &self.ipt.save_all());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.ipt.save_all() == expected
+        })
+        .await;
+        if converged.is_none() {
+            assert_rules_eq(&expected, &self.ipt.save_all());
         }
     }
 }
@@ -95,15 +95,6 @@ fn reference(services: &[Service], slices: &[EndpointSlice]) -> String {
     fp.add_slices(slices);
     fp.sync();
     fp.ipt.save_all()
-}
-
-/// Waits (bounded) until `cond` holds.
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + CONVERGE;
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn web(ip: &str) -> Service {
@@ -157,13 +148,13 @@ async fn syncs_only_after_both_lists() {
         // Hold the slice list back so the service list is in alone for a while.
         server.stall_of(Kind::EndpointSlice, Duration::from_secs(3));
         let mut rig = Rig::start(&server);
-        wait_for("the service watch", || server.open_watches(Kind::Service) > 0).await;
-        wait_for("the slice list", || list_requests(&server, Kind::EndpointSlice) > 0).await;
+        eventually_fast("the service watch", CONVERGE, || server.open_watches(Kind::Service) > 0).await;
+        eventually_fast("the slice list", CONVERGE, || list_requests(&server, Kind::EndpointSlice) > 0).await;
         assert_eq!(server.open_watches(Kind::EndpointSlice), 0);
         assert_eq!(rig.sync(), None, "services listed, slices not: no sync yet");
 
         rig.converge(&[web("172.30.0.1"), api()], &[web_slice(&["10.1.0.1"]), api_slice()]).await;
-        wait_for("this node", || !rig.nodes_seen.lock().expect("lock").is_empty()).await;
+        eventually_fast("this node", CONVERGE, || !rig.nodes_seen.lock().expect("lock").is_empty()).await;
         assert_eq!(*rig.nodes_seen.lock().expect("lock"), vec![Some(TEST_NODE_NAME.to_string())]);
 
         // The watches asked for what upstream's informers ask for.
@@ -323,18 +314,11 @@ async fn events_are_recorded() {
 
 /// Waits (bounded) until the rules, without the sync loop's canary chains, are `expected`.
 async fn wait_rules(ipt: &FakeIptables, expected: &str) {
-    let rules =
-        || ipt.save_all().lines().filter(|l| !l.contains("KUBE-PROXY-CANARY")).map(|l| format!("{l}\n")).collect();
-    let deadline = tokio::time::Instant::now() + CONVERGE;
-    loop {
-        let actual: String = rules();
-        if actual == expected {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            assert_rules_eq(expected, &actual);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let rules = || -> String {
+        ipt.save_all().lines().filter(|l| !l.contains("KUBE-PROXY-CANARY")).map(|l| format!("{l}\n")).collect()
+    };
+    if poll_until(CONVERGE, POLL, || rules() == expected).await.is_none() {
+        assert_rules_eq(expected, &rules());
     }
 }
 

@@ -8,8 +8,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_proxy_rs::compat::Release;
 use kube_proxy_rs::iptables::Table;
 use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::tracker::testing::{Ep, ep, node, slice, svc};
 
-use crate::support::fixtures::{Ep, ep, node, slice, svc};
 use crate::support::harness::{TEST_NODE_NAME, TestProxier};
 
 /// xorshift64*: a tiny deterministic generator, so failures replay from the seed.
@@ -307,10 +307,13 @@ fn partial_sync_writes_only_changed_chains() {
     let svc2 = svc("ns2", "svc2").type_("ClusterIP").bare_cluster_ip("172.30.0.42").tcp("p8080", 8080).build();
     fp.add_services(&[svc1, svc2.clone()]);
     fp.add_slices(&[
-        slice("ns1", "svc1", "svc1-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.1.1")).build(),
+        slice("ns1", "svc1", "svc1-1")
+            .tcp("p80", 80)
+            .endpoint(kube_proxy_rs::tracker::testing::bare_ep("10.0.1.1"))
+            .build(),
         slice("ns2", "svc2", "svc2-1")
             .tcp("p8080", 8080)
-            .endpoint(crate::support::fixtures::bare_ep("10.0.2.1"))
+            .endpoint(kube_proxy_rs::tracker::testing::bare_ep("10.0.2.1"))
             .build(),
     ]);
     assert!(fp.sync().full);
@@ -321,7 +324,7 @@ fn partial_sync_writes_only_changed_chains() {
     fp.add_services(&[svc3]);
     fp.add_slices(&[slice("ns3", "svc3", "svc3-1")
         .tcp("p80", 80)
-        .endpoint(crate::support::fixtures::bare_ep("10.0.3.1"))
+        .endpoint(kube_proxy_rs::tracker::testing::bare_ep("10.0.3.1"))
         .build()]);
     let report = fp.sync();
     assert!(!report.full);
@@ -383,8 +386,14 @@ fn failed_partial_sync_forces_a_full_resync() {
     let svc4 = svc("ns4", "svc4").type_("ClusterIP").bare_cluster_ip("172.30.0.44").tcp("p80", 80).build();
     fp.add_services(&[svc3, svc4.clone()]);
     fp.add_slices(&[
-        slice("ns3", "svc3", "svc3-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.3.1")).build(),
-        slice("ns4", "svc4", "svc4-1").tcp("p80", 80).endpoint(crate::support::fixtures::bare_ep("10.0.4.1")).build(),
+        slice("ns3", "svc3", "svc3-1")
+            .tcp("p80", 80)
+            .endpoint(kube_proxy_rs::tracker::testing::bare_ep("10.0.3.1"))
+            .build(),
+        slice("ns4", "svc4", "svc4-1")
+            .tcp("p80", 80)
+            .endpoint(kube_proxy_rs::tracker::testing::bare_ep("10.0.4.1"))
+            .build(),
     ]);
     fp.sync();
     let svc4_sep = fp

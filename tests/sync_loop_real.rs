@@ -4,33 +4,25 @@
 //! removes the canaries and leaves the service rules in place.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube_proxy_rs::daemon::sync_loop::{SyncLoop, lock};
 use kube_proxy_rs::iptables::Iptables;
 use kube_proxy_rs::iptables::runner::Backend;
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::{Proxier, ProxierConfig, StaticInterfaces};
+use kube_proxy_rs::tracker::testing::{ep, slice, svc};
 use tokio_util::sync::CancellationToken;
 
 use crate::require_root;
-use crate::support::fixtures::{ep, slice, svc};
 use crate::support::harness::{TEST_NODE_NAME, upstream_interfaces, upstream_render_config};
 use crate::support::netns::Netns;
+use crate::support::poll::poll_until;
 
 const SYNC_PERIOD: Duration = Duration::from_secs(2);
 
-/// Polls `check` every 100 ms until it holds or `limit` passes; returns the time it took.
-async fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check() {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    None
-}
+/// How often the waits below check the namespace's rules (each check runs iptables-save).
+const POLL: Duration = Duration::from_millis(100);
 
 fn programmed(ns: &Netns, backend: &str) -> bool {
     let nat = ns.ok(&[&format!("iptables-{backend}-save"), "-t", "nat"]);
@@ -68,7 +60,7 @@ async fn flushed_rules_are_repaired_within_one_sync_period() {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(sync_loop.run(shutdown.clone(), |_| {}));
 
-        let took = wait_for(Duration::from_secs(10), || programmed(&ns, name)).await;
+        let took = poll_until(Duration::from_secs(10), POLL, || programmed(&ns, name)).await;
         assert!(took.is_some(), "{name}: rules never programmed");
 
         // A firewall reload: our nat rules flushed, the canaries deleted everywhere.
@@ -78,7 +70,7 @@ async fn flushed_rules_are_repaired_within_one_sync_period() {
             ns.ok(&[&ipt, "-t", table, "-X", "KUBE-PROXY-CANARY"]);
         }
         assert!(!programmed(&ns, name));
-        let took = wait_for(SYNC_PERIOD * 3, || programmed(&ns, name)).await;
+        let took = poll_until(SYNC_PERIOD * 3, POLL, || programmed(&ns, name)).await;
         let took = took.unwrap_or_else(|| panic!("{name}: flushed rules not repaired"));
         // Detection takes at most one sync period (the canary poll); the slack covers the sync.
         assert!(took <= SYNC_PERIOD + Duration::from_secs(2), "{name}: repair took {took:?}");

@@ -2,9 +2,9 @@
 //! 1.29), rebuilt with our fixture builders and compared byte for byte.
 
 use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::tracker::testing::{bare_ep, slice, svc};
 
 use crate::support::assert_rules_eq;
-use crate::support::fixtures::{bare_ep, slice, svc};
 use crate::support::harness::{TEST_NODE_NAME, TestProxier};
 
 /// The six services of upstream's `TestOverallIPTablesRules`.

@@ -2,7 +2,7 @@
 //!
 //! The `render` command needs exactly that from "the kernel" between its syncs (stale chains
 //! are found from the chain list `iptables-save` reports), and on a 100k-endpoint cluster the
-//! full rule model of [`super::fake::FakeIptables`] costs more than the render itself. Rule
+//! full rule model of the test fake (`FakeIptables`) costs more than the render itself. Rule
 //! operations succeed without effect; restores apply their chain lines (`:NAME` creates,
 //! `-X NAME` deletes) and are otherwise trusted. Tests that need rule-level checks use the
 //! fake.

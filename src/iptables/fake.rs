@@ -1,5 +1,5 @@
-//! An in-memory [`Iptables`] that models the kernel's tables, for tests and for the `render`
-//! command.
+//! An in-memory [`Iptables`] that models the kernel's tables, for tests (the `testing` feature;
+//! the `render` command uses the lighter [`super::chain_tracker::ChainTracker`]).
 //!
 //! This module owns [`FakeIptables`]. Unlike upstream's `iptablestest.FakeIPTables` (which
 //! replaces whole chains with whatever a restore declared), it applies restore payloads line by

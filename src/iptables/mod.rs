@@ -1,11 +1,14 @@
 //! The iptables layer: the `Iptables` interface the proxier programs rules through, the
-//! restore/save text helpers, and a fake that models the kernel tables for tests and for the
-//! `render` command.
+//! restore/save text helpers, the chain tracker the `render` command uses as its kernel, and,
+//! under the `testing` feature, a fake that models the kernel tables and the rule-dump model
+//! tests compare rule sets with.
 //!
 //! Nothing outside this module knows how iptables is invoked.
 
 pub mod chain_tracker;
+#[cfg(any(test, feature = "testing"))]
 pub mod dump;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod lock;
 pub mod monitor;

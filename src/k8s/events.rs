@@ -38,8 +38,10 @@
 //! repeat with another note counts in the first Event's series, which keeps its note.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+#[cfg(any(test, feature = "testing"))]
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -132,11 +134,13 @@ impl EventRecorder for NoopEventRecorder {
 }
 
 /// Keeps every call, for tests.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct FakeEventRecorder {
     records: Mutex<Vec<EventRecord>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeEventRecorder {
     pub fn new() -> Self {
         FakeEventRecorder::default()
@@ -158,6 +162,7 @@ impl FakeEventRecorder {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl EventRecorder for FakeEventRecorder {
     fn record(&self, regarding: ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) {
         let record = EventRecord::new(regarding, type_, reason, action, note);

@@ -556,7 +556,7 @@ mod tests {
     use super::*;
 
     use crate::compat::Release;
-    use crate::tracker::testing::service;
+    use crate::tracker::testing;
 
     /// The release of the upstream unit tests these cases come from.
     fn v1_29() -> Features {
@@ -573,11 +573,11 @@ mod tests {
 
     #[test]
     fn cluster_ip_service() {
-        let svc = service("ns1", "svc1")
+        let svc = testing::svc("ns1", "svc1")
             .type_("ClusterIP")
-            .cluster_ip("172.30.0.41")
-            .port("p80", "TCP", 80)
-            .port("p53", "UDP", 53)
+            .bare_cluster_ip("172.30.0.41")
+            .port("p80", "TCP", 80, 0)
+            .port("p53", "UDP", 53, 0)
             .build();
         let got = ports(&svc, IpFamily::V4);
         assert_eq!(got.len(), 2);
@@ -596,38 +596,42 @@ mod tests {
 
     #[test]
     fn skipped_services_have_no_ports() {
-        let headless = service("ns", "headless").type_("ClusterIP").cluster_ip("None").port("rpc", "UDP", 1234);
-        let no_ip = service("ns", "no-ip").port("rpc", "UDP", 1234);
+        let headless =
+            testing::svc("ns", "headless").type_("ClusterIP").bare_cluster_ip("None").port("rpc", "UDP", 1234, 0);
+        let no_ip = testing::svc("ns", "no-ip").port("rpc", "UDP", 1234, 0);
         // ExternalName is skipped even with a cluster IP.
         let external_name =
-            service("ns", "ext").type_("ExternalName").cluster_ip("172.30.55.4").port("blah", "UDP", 1235);
+            testing::svc("ns", "ext").type_("ExternalName").bare_cluster_ip("172.30.55.4").port("blah", "UDP", 1235, 0);
         for svc in [headless, no_ip, external_name] {
             let svc = svc.build();
             assert!(ports(&svc, IpFamily::V4).is_empty(), "{:?}", svc.metadata.name);
         }
-        let mut no_spec = service("ns", "nospec").build();
+        let mut no_spec = testing::svc("ns", "nospec").build();
         no_spec.spec = None;
         assert!(ports(&no_spec, IpFamily::V4).is_empty());
     }
 
     #[test]
     fn legacy_single_stack_cluster_ip_is_filtered_by_family() {
-        let v6 = service("ns", "v6").cluster_ip("2001:db8::1").port("p", "TCP", 80).build();
+        let v6 = testing::svc("ns", "v6").bare_cluster_ip("2001:db8::1").port("p", "TCP", 80, 0).build();
         assert!(ports(&v6, IpFamily::V4).is_empty());
         assert_eq!(ports(&v6, IpFamily::V6)[0].cluster_ip, "2001:db8::1");
-        let v4 = service("ns", "v4").cluster_ip("10.0.0.1").port("p", "TCP", 80).build();
+        let v4 = testing::svc("ns", "v4").bare_cluster_ip("10.0.0.1").port("p", "TCP", 80, 0).build();
         assert!(ports(&v4, IpFamily::V6).is_empty());
     }
 
     #[test]
     fn dual_stack_uses_cluster_ip_of_family() {
-        let svc = service("ns", "dual")
-            .cluster_ips(&[("FD00::0001", "IPv6"), ("010.000.000.001", "IPv4")])
-            .port("p", "TCP", 80)
+        let svc = testing::svc("ns", "dual")
+            .cluster_ips_with_families(&[("FD00::0001", "IPv6"), ("010.000.000.001", "IPv4")])
+            .port("p", "TCP", 80, 0)
             .build();
         assert_eq!(ports(&svc, IpFamily::V4)[0].cluster_ip, "10.0.0.1");
         assert_eq!(ports(&svc, IpFamily::V6)[0].cluster_ip, "fd00::1");
-        let single = service("ns", "single").cluster_ips(&[("10.0.0.1", "IPv4")]).port("p", "TCP", 80).build();
+        let single = testing::svc("ns", "single")
+            .cluster_ips_with_families(&[("10.0.0.1", "IPv4")])
+            .port("p", "TCP", 80, 0)
+            .build();
         assert!(ports(&single, IpFamily::V6).is_empty());
     }
 
@@ -635,13 +639,13 @@ mod tests {
     // fields of the other family should be filtered".
     #[test]
     fn addresses_and_ranges_filtered_by_family() {
-        let svc = service("test", "validIPv4")
+        let svc = testing::svc("test", "validIPv4")
             .type_("LoadBalancer")
-            .cluster_ips(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
-            .node_port("testPort", "TCP", 12345, 30000)
+            .cluster_ips_with_families(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
+            .port("testPort", "TCP", 12345, 30000)
             .external_ips(&["10.1.2.3", "2001:db8::1:1", "not-an-ip", ""])
             .source_ranges(&["10.1.2.0/28", " 2001:db8::/64 ", "bogus"])
-            .ingress_ips(&["10.1.2.4", "2001:db8::1:2", ""])
+            .lb_ingress(&["10.1.2.4", "2001:db8::1:2", ""])
             .build();
         let v4 = &ports(&svc, IpFamily::V4)[0];
         assert_eq!(v4.external_ips, ["10.1.2.3"]);
@@ -657,12 +661,12 @@ mod tests {
 
     #[test]
     fn addresses_are_kept_as_written_except_the_cluster_ip() {
-        let svc = service("ns", "lb")
+        let svc = testing::svc("ns", "lb")
             .type_("LoadBalancer")
-            .cluster_ips(&[("2001:DB8::10", "IPv6")])
-            .port("p", "TCP", 80)
+            .cluster_ips_with_families(&[("2001:DB8::10", "IPv6")])
+            .port("p", "TCP", 80, 0)
             .external_ips(&["2001:0db8:0:0::1"])
-            .ingress_ips(&["2001:DB8:0::2"])
+            .lb_ingress(&["2001:DB8:0::2"])
             .source_ranges(&["2001:db8::1/64"])
             .build();
         let p = &ports(&svc, IpFamily::V6)[0];
@@ -681,12 +685,12 @@ mod tests {
     /// `::ffff:1.2.3.4` and `08.1.1.1` and reads `010.1.1.1` as 8.1.1.1.
     #[test]
     fn addresses_not_in_canonical_form_are_skipped() {
-        let svc = service("ns", "s")
+        let svc = testing::svc("ns", "s")
             .type_("LoadBalancer")
-            .cluster_ips(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
-            .port("p", "TCP", 80)
+            .cluster_ips_with_families(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
+            .port("p", "TCP", 80, 0)
             .external_ips(&["::ffff:1.2.3.4", "010.001.002.003", "08.1.1.1", "1.2.3.5", "2001:0db8::1", "2001:db8::9"])
-            .ingress_ips(&["010.1.1.2", "1.1.1.2", "::FFFF:1.1.1.3"])
+            .lb_ingress(&["010.1.1.2", "1.1.1.2", "::FFFF:1.1.1.3"])
             .source_ranges(&["10.0.0.0/08", "192.168.0.0/16", "2001:db8::/064"])
             .build();
         let v4 = &ports(&svc, IpFamily::V4)[0];
@@ -712,7 +716,8 @@ mod tests {
             "service ns/s: spec.loadBalancerSourceRanges: \"2001:db8::/064\" is not in canonical form (it means 2001:db8::/64); skipped"
         );
         // Without source ranges there is no firewall to keep.
-        let open = service("ns", "o").type_("LoadBalancer").cluster_ip("10.0.0.1").port("p", "TCP", 80).build();
+        let open =
+            testing::svc("ns", "o").type_("LoadBalancer").bare_cluster_ip("10.0.0.1").port("p", "TCP", 80, 0).build();
         assert!(!ports(&open, IpFamily::V4)[0].filters_load_balancer_sources());
     }
 
@@ -721,12 +726,12 @@ mod tests {
     /// kept, canonicalised, and source ranges lose their host bits.
     #[test]
     fn from_1_30_addresses_are_parsed_and_written_canonically() {
-        let svc = service("ns", "s")
+        let svc = testing::svc("ns", "s")
             .type_("LoadBalancer")
-            .cluster_ips(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
-            .port("p", "TCP", 80)
+            .cluster_ips_with_families(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
+            .port("p", "TCP", 80, 0)
             .external_ips(&["::ffff:1.2.3.4", "010.001.002.003", "08.1.1.1", "1.2.3.5", "2001:0db8::1", "bogus", ""])
-            .ingress_ips(&["010.1.1.2", "1.1.1.2", "::FFFF:1.1.1.3", "2001:DB8:0::2"])
+            .lb_ingress(&["010.1.1.2", "1.1.1.2", "::FFFF:1.1.1.3", "2001:DB8:0::2"])
             .source_ranges(&["10.0.0.0/08", "198.18.7.1/16", "::ffff:203.0.113.9/120", "2001:db8::1/064", "bogus"])
             .build();
         for release in [Release::V1_30, Release::NEWEST] {
@@ -761,10 +766,10 @@ mod tests {
 
     #[test]
     fn skipped_annotation_ranges_are_named_by_the_annotation() {
-        let svc = service("ns", "a")
+        let svc = testing::svc("ns", "a")
             .type_("LoadBalancer")
-            .cluster_ip("10.0.0.1")
-            .port("p", "TCP", 80)
+            .bare_cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80, 0)
             .annotation(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES, "192.168.0.0/016, 10.0.0.0/8")
             .build();
         assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.0.0.0/8"]);
@@ -779,10 +784,10 @@ mod tests {
     // Upstream: "service with extra space in LoadBalancerSourceRanges".
     #[test]
     fn source_ranges_are_trimmed() {
-        let svc = service("test", "extra-space")
+        let svc = testing::svc("test", "extra-space")
             .type_("LoadBalancer")
-            .cluster_ip("172.16.55.12")
-            .port("testPort", "TCP", 1234)
+            .bare_cluster_ip("172.16.55.12")
+            .port("testPort", "TCP", 1234, 0)
             .source_ranges(&[" 10.1.2.0/28"])
             .build();
         assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.1.2.0/28"]);
@@ -790,18 +795,18 @@ mod tests {
 
     #[test]
     fn source_ranges_fall_back_to_the_annotation() {
-        let svc = service("test", "annotated")
+        let svc = testing::svc("test", "annotated")
             .type_("LoadBalancer")
-            .cluster_ip("172.16.55.12")
-            .port("testPort", "TCP", 1234)
+            .bare_cluster_ip("172.16.55.12")
+            .port("testPort", "TCP", 1234, 0)
             .annotation(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES, " 10.1.2.0/28, 192.168.0.0/16,,2001:db8::/64")
             .build();
         assert_eq!(ranges(&ports(&svc, IpFamily::V4)[0]), ["10.1.2.0/28", "192.168.0.0/16"]);
         // The spec field wins when set.
-        let svc = service("test", "both")
+        let svc = testing::svc("test", "both")
             .type_("LoadBalancer")
-            .cluster_ip("172.16.55.12")
-            .port("testPort", "TCP", 1234)
+            .bare_cluster_ip("172.16.55.12")
+            .port("testPort", "TCP", 1234, 0)
             .source_ranges(&["10.9.0.0/16"])
             .annotation(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES, "10.1.2.0/28")
             .build();
@@ -811,7 +816,8 @@ mod tests {
     #[test]
     fn external_policy_local_needs_external_access() {
         let base = |t: Option<&str>| {
-            let b = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80).external_policy("Local");
+            let b =
+                testing::svc("ns", "s").bare_cluster_ip("10.0.0.1").port("p", "TCP", 80, 0).external_policy("Local");
             match t {
                 Some(t) => b.type_(t),
                 None => b,
@@ -825,14 +831,21 @@ mod tests {
         );
         assert!(ports(&base(Some("NodePort")).build(), IpFamily::V4)[0].external_policy_local);
         assert!(ports(&base(Some("LoadBalancer")).build(), IpFamily::V4)[0].external_policy_local);
-        let cluster =
-            service("ns", "s").type_("NodePort").cluster_ip("10.0.0.1").port("p", "TCP", 80).external_policy("Cluster");
+        let cluster = testing::svc("ns", "s")
+            .type_("NodePort")
+            .bare_cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80, 0)
+            .external_policy("Cluster");
         assert!(!ports(&cluster.build(), IpFamily::V4)[0].external_policy_local);
     }
 
     #[test]
     fn internal_policy_local() {
-        let svc = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80).internal_policy("Local").build();
+        let svc = testing::svc("ns", "s")
+            .bare_cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80, 0)
+            .internal_policy("Local")
+            .build();
         let p = &ports(&svc, IpFamily::V4)[0];
         assert!(p.internal_policy_local);
         assert!(!p.uses_cluster_endpoints() && p.uses_local_endpoints());
@@ -841,10 +854,10 @@ mod tests {
     #[test]
     fn health_check_node_port_only_for_local_load_balancers() {
         let lb = |policy: &str, t: &str| {
-            service("ns", "s")
+            testing::svc("ns", "s")
                 .type_(t)
-                .cluster_ip("10.0.0.1")
-                .node_port("p", "TCP", 80, 30080)
+                .bare_cluster_ip("10.0.0.1")
+                .port("p", "TCP", 80, 30080)
                 .external_policy(policy)
                 .health_check_node_port(30500)
                 .build()
@@ -852,10 +865,10 @@ mod tests {
         assert_eq!(ports(&lb("Local", "LoadBalancer"), IpFamily::V4)[0].health_check_node_port, 30500);
         assert_eq!(ports(&lb("Cluster", "LoadBalancer"), IpFamily::V4)[0].health_check_node_port, 0);
         assert_eq!(ports(&lb("Local", "NodePort"), IpFamily::V4)[0].health_check_node_port, 0);
-        let missing = service("ns", "s")
+        let missing = testing::svc("ns", "s")
             .type_("LoadBalancer")
-            .cluster_ip("10.0.0.1")
-            .port("p", "TCP", 80)
+            .bare_cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80, 0)
             .external_policy("Local")
             .build();
         assert_eq!(ports(&missing, IpFamily::V4)[0].health_check_node_port, 0);
@@ -863,18 +876,18 @@ mod tests {
 
     #[test]
     fn session_affinity() {
-        let base = || service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80);
+        let base = || testing::svc("ns", "s").bare_cluster_ip("10.0.0.1").port("p", "TCP", 80, 0);
         assert_eq!(ports(&base().build(), IpFamily::V4)[0].sticky_seconds, None);
-        assert_eq!(ports(&base().client_ip_affinity(Some(300)).build(), IpFamily::V4)[0].sticky_seconds, Some(300));
-        assert_eq!(ports(&base().client_ip_affinity(None).build(), IpFamily::V4)[0].sticky_seconds, Some(10800));
-        let err = service_ports(&base().client_ip_affinity(Some(0)).build(), IpFamily::V4, &v1_29()).unwrap_err();
+        assert_eq!(ports(&base().affinity(Some(300)).build(), IpFamily::V4)[0].sticky_seconds, Some(300));
+        assert_eq!(ports(&base().affinity(None).build(), IpFamily::V4)[0].sticky_seconds, Some(10800));
+        let err = service_ports(&base().affinity(Some(0)).build(), IpFamily::V4, &v1_29()).unwrap_err();
         assert!(matches!(err, InvalidService::AffinityTimeout { seconds: 0, .. }));
     }
 
     #[test]
     fn topology_annotations() {
         let with = |pairs: &[(&str, &str)]| {
-            let mut b = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80);
+            let mut b = testing::svc("ns", "s").bare_cluster_ip("10.0.0.1").port("p", "TCP", 80, 0);
             for (k, v) in pairs {
                 b = b.annotation(k, v);
             }
@@ -896,7 +909,7 @@ mod tests {
 
     #[test]
     fn absent_protocol_is_tcp() {
-        let svc = service("ns", "s").cluster_ip("10.0.0.1").port("p", "", 80).build();
+        let svc = testing::svc("ns", "s").bare_cluster_ip("10.0.0.1").port("p", "", 80, 0).build();
         let p = &ports(&svc, IpFamily::V4)[0];
         assert_eq!(p.protocol, Protocol::Tcp);
         assert_eq!(p.name.protocol, Protocol::Tcp);
@@ -904,23 +917,29 @@ mod tests {
 
     #[test]
     fn unnamed_port() {
-        let svc = service("ns1", "svc1").cluster_ip("10.0.0.1").port("", "TCP", 80).build();
+        let svc = testing::svc("ns1", "svc1").bare_cluster_ip("10.0.0.1").port("", "TCP", 80, 0).build();
         assert_eq!(ports(&svc, IpFamily::V4)[0].name_string, "ns1/svc1");
     }
 
     #[test]
     fn invalid_services_are_rejected_with_context() {
-        let base = || service("ns1", "bad").cluster_ip("10.0.0.1");
+        let base = || testing::svc("ns1", "bad").bare_cluster_ip("10.0.0.1");
         let cases = [
-            (base().port("p", "TCP", 0).build(), "spec.ports[0]"),
-            (base().port("p", "TCP", 65536).build(), "outside 1-65535"),
-            (base().node_port("p", "TCP", 80, 70000).build(), "nodePort 70000"),
-            (base().node_port("p", "TCP", 80, -1).build(), "nodePort -1"),
-            (base().port("p", "ICMP", 80).build(), "unknown protocol \"ICMP\""),
-            (base().port("p", "TCP", 80).port("p", "TCP", 81).build(), "duplicates port name"),
-            (service("ns1", "bad").cluster_ip("10.0.0.300").port("p", "TCP", 80).build(), "cluster IP \"10.0.0.300\""),
+            (base().port("p", "TCP", 0, 0).build(), "spec.ports[0]"),
+            (base().port("p", "TCP", 65536, 0).build(), "outside 1-65535"),
+            (base().port("p", "TCP", 80, 70000).build(), "nodePort 70000"),
+            (base().port("p", "TCP", 80, -1).build(), "nodePort -1"),
+            (base().port("p", "ICMP", 80, 0).build(), "unknown protocol \"ICMP\""),
+            (base().port("p", "TCP", 80, 0).port("p", "TCP", 81, 0).build(), "duplicates port name"),
             (
-                service("ns1", "bad").cluster_ips(&[("fd00::1", "IPv4")]).port("p", "TCP", 80).build(),
+                testing::svc("ns1", "bad").bare_cluster_ip("10.0.0.300").port("p", "TCP", 80, 0).build(),
+                "cluster IP \"10.0.0.300\"",
+            ),
+            (
+                testing::svc("ns1", "bad")
+                    .cluster_ips_with_families(&[("fd00::1", "IPv4")])
+                    .port("p", "TCP", 80, 0)
+                    .build(),
                 "is not a valid IPv4 address",
             ),
         ];
@@ -930,10 +949,10 @@ mod tests {
             assert!(err.contains(needle), "{err} does not mention {needle}");
         }
         let hc = base().type_("LoadBalancer").external_policy("Local").health_check_node_port(70000);
-        let err = service_ports(&hc.port("p", "TCP", 80).build(), IpFamily::V4, &v1_29()).unwrap_err();
+        let err = service_ports(&hc.port("p", "TCP", 80, 0).build(), IpFamily::V4, &v1_29()).unwrap_err();
         assert!(matches!(err, InvalidService::HealthCheckNodePort { port: 70000, .. }));
         // The same name with another protocol is a different port.
-        let ok = base().port("dns", "TCP", 53).port("dns", "UDP", 53).build();
+        let ok = base().port("dns", "TCP", 53, 0).port("dns", "UDP", 53, 0).build();
         assert_eq!(ports(&ok, IpFamily::V4).len(), 2);
     }
 
@@ -947,13 +966,13 @@ mod tests {
             ("ns1", "svc\\1", "http", "metadata.name"),
             ("", "svc1", "http", "metadata.namespace"),
         ] {
-            let svc = service(ns, name).cluster_ip("172.30.0.1").port(port, "TCP", 80).build();
+            let svc = testing::svc(ns, name).bare_cluster_ip("172.30.0.1").port(port, "TCP", 80, 0).build();
             let err = service_ports(&svc, IpFamily::V4, &v1_29()).unwrap_err();
             assert!(matches!(&err, InvalidService::Name { field: f, .. } if *f == field), "{ns}/{name}:{port}: {err}");
             assert!(!err.to_string().contains('\n'), "the message escapes what it quotes: {err}");
         }
         // An unnamed port (single-port services) is fine.
-        let svc = service("ns1", "svc1").cluster_ip("172.30.0.1").port("", "TCP", 80).build();
+        let svc = testing::svc("ns1", "svc1").bare_cluster_ip("172.30.0.1").port("", "TCP", 80, 0).build();
         assert_eq!(service_ports(&svc, IpFamily::V4, &v1_29()).unwrap().len(), 1);
     }
 }

@@ -188,9 +188,11 @@ pub fn parse_status(text: &str) -> Result<ProcessCapabilities, &'static str> {
 }
 
 /// A fixed answer, for tests.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone)]
 pub struct FakeProbe(pub Result<ProcessCapabilities, &'static str>);
 
+#[cfg(any(test, feature = "testing"))]
 impl CapabilityProbe for FakeProbe {
     fn read(&self) -> Result<ProcessCapabilities, CapabilityError> {
         self.0.map_err(|field| CapabilityError::Parse { path: PathBuf::from("fake"), field })

@@ -5,6 +5,7 @@
 //! descriptors the daemon needs for iptables-restore, conntrack and its watches.
 
 use std::io;
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Mutex, PoisonError};
 
 /// Reads and sets `RLIMIT_NOFILE`.
@@ -54,12 +55,14 @@ pub fn raise_open_file_limit(limit: &dyn OpenFileLimit) -> Option<(u64, u64)> {
 }
 
 /// An in-memory limit; `deny` makes setting fail.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct FakeOpenFileLimit {
     pub limits: Mutex<(u64, u64)>,
     pub deny: bool,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl OpenFileLimit for FakeOpenFileLimit {
     fn get(&self) -> io::Result<(u64, u64)> {
         Ok(*self.limits.lock().unwrap_or_else(PoisonError::into_inner))

@@ -8,7 +8,10 @@
 //!
 //! [`ExecNfacct`] drives the `nfacct` tool through [`crate::exec`] (upstream talks netlink
 //! directly; the tool sends the same `NFNL_SUBSYS_ACCT` messages, and `unsafe` code is not
-//! allowed here for a raw netlink socket); [`FakeNfacct`] keeps objects in memory.
+//! allowed here for a raw netlink socket); [`FakeNfacct`] keeps objects in memory. The fake is
+//! not only a test double: the `render` command uses it to render a node with nfacct support
+//! without a kernel, so it stays in the release binary (only its test helpers need the
+//! `testing` feature).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -158,11 +161,13 @@ impl FakeNfacct {
     }
 
     /// A fake on which no object can be created (no nfacct support).
+    #[cfg(any(test, feature = "testing"))]
     pub fn unavailable() -> Self {
         FakeNfacct { failing: true, ..Self::default() }
     }
 
     /// Adds `n` packets to `name` (which must exist).
+    #[cfg(any(test, feature = "testing"))]
     pub fn count(&self, name: &str, n: u64) {
         if let Some(p) = self.objects.lock().unwrap_or_else(PoisonError::into_inner).get_mut(name) {
             *p += n;

@@ -4,6 +4,7 @@
 
 use std::io;
 use std::path::PathBuf;
+#[cfg(any(test, feature = "testing"))]
 use std::sync::Mutex;
 
 /// Valid range of `oom_score_adj`.
@@ -55,18 +56,21 @@ impl OomScoreAdjuster for ProcOomScoreAdjuster {
 }
 
 /// Records applied values; fails with `PermissionDenied` when built with [`FakeOomScoreAdjuster::denied`].
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct FakeOomScoreAdjuster {
     pub applied: Mutex<Vec<i32>>,
     deny: bool,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeOomScoreAdjuster {
     pub fn denied() -> Self {
         FakeOomScoreAdjuster { applied: Mutex::default(), deny: true }
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl OomScoreAdjuster for FakeOomScoreAdjuster {
     fn apply(&self, value: i32) -> Result<(), OomError> {
         if self.deny {

@@ -9,9 +9,11 @@
 //! and writes what it is asked to; deciding what is fatal is the caller's business (upstream
 //! treats every failure here as fatal except a read-only `/sys`, which only raises an event).
 
+#[cfg(any(test, feature = "testing"))]
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::PathBuf;
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::config::ConntrackSettings;
@@ -127,6 +129,7 @@ impl Sysctl for ProcSysctl {
 }
 
 /// An in-memory [`Sysctl`] that records writes.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct FakeSysctl {
     values: Mutex<BTreeMap<String, i64>>,
@@ -134,10 +137,12 @@ pub struct FakeSysctl {
     read_only: Mutex<BTreeSet<String>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeSysctl {
     pub fn new() -> Self {
         FakeSysctl::default()
@@ -165,6 +170,7 @@ impl FakeSysctl {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Sysctl for FakeSysctl {
     fn get(&self, name: &str) -> Result<i64> {
         let name = normalize(name)?;

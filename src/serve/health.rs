@@ -72,11 +72,13 @@ impl Clock for SystemClock {
 }
 
 /// A clock that moves only when told to.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug)]
 pub struct FakeClock {
     now: Mutex<SystemTime>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeClock {
     pub fn new(now: SystemTime) -> Self {
         FakeClock { now: Mutex::new(now) }
@@ -92,6 +94,7 @@ impl FakeClock {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Clock for FakeClock {
     fn now(&self) -> SystemTime {
         *self.now.lock().unwrap_or_else(PoisonError::into_inner)

@@ -361,7 +361,7 @@ mod tests {
     use k8s_openapi::api::discovery::v1::EndpointPort;
 
     use super::*;
-    use crate::tracker::testing::{ep, slice};
+    use crate::tracker::testing::{bare_ep, slice};
 
     const NODE: &str = "host1";
 
@@ -386,14 +386,14 @@ mod tests {
     fn endpoints_merge_across_slices_sorted_by_string() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         let a = slice("ns1", "svc1", "svc1-a")
-            .port("http", 80, "TCP")
-            .endpoint(ep("10.0.1.3"))
-            .endpoint(ep("10.0.1.10"))
+            .port("http", "TCP", 80)
+            .endpoint(bare_ep("10.0.1.3"))
+            .endpoint(bare_ep("10.0.1.10"))
             .build();
         let b = slice("ns1", "svc1", "svc1-b")
-            .port("http", 80, "TCP")
-            .port("dns", 53, "UDP")
-            .endpoint(ep("10.0.1.2"))
+            .port("http", "TCP", 80)
+            .port("dns", "UDP", 53)
+            .endpoint(bare_ep("10.0.1.2"))
             .build();
         let map = apply(&mut cache, &[(a, false), (b, false)]);
         assert_eq!(endpoints(&map, &spn("http", Protocol::Tcp)), ["10.0.1.10:80", "10.0.1.2:80", "10.0.1.3:80"]);
@@ -405,7 +405,7 @@ mod tests {
     fn endpoint_moving_between_slices_is_never_lost() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         let with = |name: &str, ips: &[&str]| {
-            ips.iter().fold(slice("ns1", "svc1", name).port("p", 80, "TCP"), |b, ip| b.endpoint(ep(ip))).build()
+            ips.iter().fold(slice("ns1", "svc1", name).port("p", "TCP", 80), |b, ip| b.endpoint(bare_ep(ip))).build()
         };
         let p = spn("p", Protocol::Tcp);
         let map = apply(&mut cache, &[(with("s1", &["10.0.0.1", "10.0.0.2"]), false)]);
@@ -424,8 +424,8 @@ mod tests {
     fn duplicate_endpoint_prefers_the_local_copy() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         // "a" sorts first, so the remote copy is seen first and must be replaced.
-        let a = slice("ns1", "svc1", "a").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node("other")).build();
-        let b = slice("ns1", "svc1", "b").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node(NODE)).build();
+        let a = slice("ns1", "svc1", "a").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.1").node("other")).build();
+        let b = slice("ns1", "svc1", "b").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.1").node(NODE)).build();
         let map = apply(&mut cache, &[(a.clone(), false), (b, false)]);
         let eps = &map[&spn("p", Protocol::Tcp)];
         assert_eq!(eps.len(), 1);
@@ -433,8 +433,8 @@ mod tests {
         // With no local copy the first one stays.
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         let c = slice("ns1", "svc1", "c")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1").conditions(Some(false), Some(false), None))
+            .port("p", "TCP", 80)
+            .endpoint(bare_ep("10.0.0.1").conditions(Some(false), Some(false), None))
             .build();
         let map = apply(&mut cache, &[(a, false), (c, false)]);
         assert!(map[&spn("p", Protocol::Tcp)][0].ready);
@@ -444,12 +444,12 @@ mod tests {
     fn conditions_default_like_upstream() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         let s = slice("ns1", "svc1", "s")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1")) // no conditions at all
-            .endpoint(ep("10.0.0.2").conditions(None, None, None))
-            .endpoint(ep("10.0.0.3").conditions(Some(false), None, None))
-            .endpoint(ep("10.0.0.4").conditions(Some(false), Some(true), Some(true)))
-            .endpoint(ep("10.0.0.5").conditions(Some(false), Some(false), Some(true)))
+            .port("p", "TCP", 80)
+            .endpoint(bare_ep("10.0.0.1")) // no conditions at all
+            .endpoint(bare_ep("10.0.0.2").conditions(None, None, None))
+            .endpoint(bare_ep("10.0.0.3").conditions(Some(false), None, None))
+            .endpoint(bare_ep("10.0.0.4").conditions(Some(false), Some(true), Some(true)))
+            .endpoint(bare_ep("10.0.0.5").conditions(Some(false), Some(false), Some(true)))
             .build();
         let map = apply(&mut cache, &[(s, false)]);
         let got: Vec<(bool, bool, bool)> =
@@ -464,9 +464,9 @@ mod tests {
     fn locality_zone_hints_and_names() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
         let s = slice("ns1", "svc1", "s")
-            .port("p80", 80, "TCP")
-            .endpoint(ep("10.180.0.1").node(NODE).zones(&["zone-a", "zone-b"]))
-            .endpoint(ep("10.180.0.2").node("host2"))
+            .port("p80", "TCP", 80)
+            .endpoint(bare_ep("10.180.0.1").node(NODE).hints(&["zone-a", "zone-b"]))
+            .endpoint(bare_ep("10.180.0.2").node("host2"))
             .build();
         let map = apply(&mut cache, &[(s, false)]);
         let eps = &map[&spn("p80", Protocol::Tcp)];
@@ -480,14 +480,15 @@ mod tests {
 
         // Without a node name nothing is local.
         let mut cache = EndpointSliceCache::new("", IpFamily::V4);
-        let s = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node("")).build();
+        let s = slice("ns1", "svc1", "s").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.1").node("")).build();
         assert!(!apply(&mut cache, &[(s, false)])[&spn("p", Protocol::Tcp)][0].is_local);
     }
 
     #[test]
     fn address_text_is_kept_as_written() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V6);
-        let s = slice("ns1", "svc1", "s").address_type("IPv6").port("p", 80, "TCP").endpoint(ep("FD00:0::1")).build();
+        let s =
+            slice("ns1", "svc1", "s").address_type("IPv6").port("p", "TCP", 80).endpoint(bare_ep("FD00:0::1")).build();
         let map = apply(&mut cache, &[(s, false)]);
         let e = &map[&spn("p", Protocol::Tcp)][0];
         assert_eq!(e.endpoint, "[FD00:0::1]:80");
@@ -508,15 +509,16 @@ mod tests {
             let mut cache = EndpointSliceCache::new(NODE, family);
             let s = slice("ns1", "svc1", "s")
                 .address_type(address_type)
-                .port("p", 80, "TCP")
-                .endpoint(ep(bad))
-                .endpoint(ep(good))
+                .port("p", "TCP", 80)
+                .endpoint(bare_ep(bad))
+                .endpoint(bare_ep(good))
                 .build();
             let map = apply(&mut cache, &[(s, false)]);
             let eps = &map[&spn("p", Protocol::Tcp)];
             assert_eq!(eps.len(), 1, "{bad} skipped");
             assert_eq!(eps[0].ip(), good);
-            let alone = slice("ns1", "svc1", "s").address_type(address_type).port("p", 80, "TCP").endpoint(ep(good));
+            let alone =
+                slice("ns1", "svc1", "s").address_type(address_type).port("p", "TCP", 80).endpoint(bare_ep(good));
             let mut reference = EndpointSliceCache::new(NODE, family);
             let expected = apply(&mut reference, &[(alone.build(), false)]);
             assert_eq!(eps[0].chain_name(), expected[&spn("p", Protocol::Tcp)][0].chain_name());
@@ -530,16 +532,16 @@ mod tests {
         for release in [Release::V1_31, Release::NEWEST] {
             let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4).with_release(release);
             let s = slice("ns1", "svc1", "s")
-                .port("p", 80, "TCP")
-                .endpoint(ep("10.180.00.001"))
-                .endpoint(ep("::ffff:10.244.1.5"))
-                .endpoint(ep("not-an-ip"))
+                .port("p", "TCP", 80)
+                .endpoint(bare_ep("10.180.00.001"))
+                .endpoint(bare_ep("::ffff:10.244.1.5"))
+                .endpoint(bare_ep("not-an-ip"))
                 .build();
             let map = apply(&mut cache, &[(s.clone(), false)]);
             let eps = &map[&spn("p", Protocol::Tcp)];
             let ips: Vec<&str> = eps.iter().map(|e| e.ip()).collect();
             assert_eq!(ips, ["10.180.0.1", "10.244.1.5"], "{release}");
-            let canonical = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.180.0.1")).build();
+            let canonical = slice("ns1", "svc1", "s").port("p", "TCP", 80).endpoint(bare_ep("10.180.0.1")).build();
             let reference = apply(&mut EndpointSliceCache::new(NODE, IpFamily::V4), &[(canonical, false)]);
             assert_eq!(eps[0].chain_name(), reference[&spn("p", Protocol::Tcp)][0].chain_name(), "{release}");
             assert_eq!(
@@ -551,7 +553,7 @@ mod tests {
         }
         // 1.30 still skips them (and says so).
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4).with_release(Release::V1_30);
-        let s = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.180.00.001")).build();
+        let s = slice("ns1", "svc1", "s").port("p", "TCP", 80).endpoint(bare_ep("10.180.00.001")).build();
         let map = apply(&mut cache, &[(s.clone(), false)]);
         assert!(map.get(&spn("p", Protocol::Tcp)).is_none_or(|eps| eps.is_empty()));
         assert_eq!(skipped_endpoint_addresses(&s, Release::V1_30).len(), 1);
@@ -565,13 +567,13 @@ mod tests {
             .raw_port(EndpointPort { name: Some("noport".into()), port: None, ..Default::default() })
             .raw_port(EndpointPort { name: Some("zero".into()), port: Some(0), ..Default::default() })
             .raw_port(EndpointPort { name: Some("big".into()), port: Some(70000), ..Default::default() })
-            .port("icmp", 1, "ICMP")
+            .port("icmp", "ICMP", 1)
             // An absent protocol is read as TCP.
             .raw_port(EndpointPort { name: Some("noproto".into()), port: Some(82), ..Default::default() })
-            .endpoint(ep("10.0.0.1"))
-            .endpoint(ep("10.0.0.2").no_addresses())
-            .endpoint(ep("fd00::1"))
-            .endpoint(ep("not-an-ip"))
+            .endpoint(bare_ep("10.0.0.1"))
+            .endpoint(bare_ep("10.0.0.2").no_addresses())
+            .endpoint(bare_ep("fd00::1"))
+            .endpoint(bare_ep("not-an-ip"))
             .build();
         let map = apply(&mut cache, &[(s, false)]);
         assert_eq!(map.len(), 1);
@@ -581,15 +583,15 @@ mod tests {
     #[test]
     fn port_without_endpoints_is_absent() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
-        let s = slice("ns1", "svc1", "s").port("p", 80, "TCP").build();
+        let s = slice("ns1", "svc1", "s").port("p", "TCP", 80).build();
         assert!(apply(&mut cache, &[(s, false)]).is_empty());
     }
 
     #[test]
     fn change_detection_compares_with_pending_then_applied() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
-        let v1 = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).build();
-        let v2 = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.2")).build();
+        let v1 = slice("ns1", "svc1", "s").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.1")).build();
+        let v2 = slice("ns1", "svc1", "s").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.2")).build();
         assert_eq!(cache.update_pending(&v1, true), Ok(false));
         assert_eq!(cache.update_pending(&v1, false), Ok(true));
         assert_eq!(cache.update_pending(&v1, false), Ok(false));
@@ -612,7 +614,7 @@ mod tests {
     #[test]
     fn fields_the_proxier_ignores_are_not_kept_or_compared() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
-        let v1 = slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node("other")).build();
+        let v1 = slice("ns1", "svc1", "s").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.1").node("other")).build();
         assert_eq!(cache.update_pending(&v1, false), Ok(true));
         cache.checkout_changes();
         // Only a target reference, the hostname and an annotation differ.
@@ -630,12 +632,14 @@ mod tests {
         let mut v3 = v1.clone();
         v3.endpoints[0].node_name = Some(NODE.into());
         assert_eq!(cache.update_pending(&v3, false), Ok(true));
-        let v4 =
-            slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1").node("other").zones(&["z"])).build();
+        let v4 = slice("ns1", "svc1", "s")
+            .port("p", "TCP", 80)
+            .endpoint(bare_ep("10.0.0.1").node("other").hints(&["z"]))
+            .build();
         assert_eq!(cache.update_pending(&v4, false), Ok(true));
         let v5 = slice("ns1", "svc1", "s")
-            .port("p", 80, "TCP")
-            .endpoint(ep("10.0.0.1").node("other").conditions(Some(false), None, None))
+            .port("p", "TCP", 80)
+            .endpoint(bare_ep("10.0.0.1").node("other").conditions(Some(false), None, None))
             .build();
         assert_eq!(cache.update_pending(&v5, false), Ok(true));
     }
@@ -643,8 +647,11 @@ mod tests {
     #[test]
     fn endpoints_map_shares_the_cached_records() {
         let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4);
-        let s =
-            slice("ns1", "svc1", "s").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).endpoint(ep("10.0.0.2")).build();
+        let s = slice("ns1", "svc1", "s")
+            .port("p", "TCP", 80)
+            .endpoint(bare_ep("10.0.0.1"))
+            .endpoint(bare_ep("10.0.0.2"))
+            .build();
         let map = apply(&mut cache, &[(s, false)]);
         let service = NamespacedName::new("ns1", "svc1");
         let cached = &cache.services[&service].applied[0].1.ports[0].1;

@@ -180,7 +180,7 @@ mod tests {
     use super::*;
     use crate::model::ServicePortName;
     use crate::tracker::endpoints_map::{LocalReadyEndpoints, ServiceEndpoint};
-    use crate::tracker::testing::{SliceBuilder, ep, slice};
+    use crate::tracker::testing::{SliceBuilder, bare_ep, slice};
 
     const NODE: &str = "test-node";
 
@@ -212,7 +212,7 @@ mod tests {
     }
 
     fn udp(b: SliceBuilder, ports: &[(&str, i32)]) -> SliceBuilder {
-        ports.iter().fold(b, |b, (name, port)| b.port(name, *port, "UDP"))
+        ports.iter().fold(b, |b, (name, port)| b.port(name, "UDP", *port))
     }
 
     struct Case {
@@ -228,20 +228,20 @@ mod tests {
 
     // The slices of upstream's TestUpdateEndpointsMap (iptables proxier_test.go).
     fn named_port_local() -> EndpointSlice {
-        udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1").node(NODE)), &[("p11", 11)]).build()
+        udp(slice("ns1", "ep1", "ep1-1").endpoint(bare_ep("10.1.1.1").node(NODE)), &[("p11", 11)]).build()
     }
     fn named_port() -> EndpointSlice {
-        udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")), &[("p11", 11)]).build()
+        udp(slice("ns1", "ep1", "ep1-1").endpoint(bare_ep("10.1.1.1")), &[("p11", 11)]).build()
     }
     fn subset2() -> EndpointSlice {
-        udp(slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.2")), &[("p12", 12)]).build()
+        udp(slice("ns1", "ep1", "ep1-2").endpoint(bare_ep("10.1.1.2")), &[("p12", 12)]).build()
     }
     fn subset_local2() -> EndpointSlice {
-        udp(slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.2").node(NODE)), &[("p12", 12)]).build()
+        udp(slice("ns1", "ep1", "ep1-2").endpoint(bare_ep("10.1.1.2").node(NODE)), &[("p12", 12)]).build()
     }
     fn named_ports_local_no_local() -> EndpointSlice {
         udp(
-            slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")).endpoint(ep("10.1.1.2").node(NODE)),
+            slice("ns1", "ep1", "ep1-1").endpoint(bare_ep("10.1.1.1")).endpoint(bare_ep("10.1.1.2").node(NODE)),
             &[("p11", 11), ("p12", 12)],
         )
         .build()
@@ -249,31 +249,31 @@ mod tests {
     fn multiple_subsets_multiple_ports_local() -> Vec<Option<EndpointSlice>> {
         vec![
             Some(
-                udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1").node(NODE)), &[("p11", 11), ("p12", 12)])
+                udp(slice("ns1", "ep1", "ep1-1").endpoint(bare_ep("10.1.1.1").node(NODE)), &[("p11", 11), ("p12", 12)])
                     .build(),
             ),
-            Some(udp(slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.3")), &[("p13", 13)]).build()),
+            Some(udp(slice("ns1", "ep1", "ep1-2").endpoint(bare_ep("10.1.1.3")), &[("p13", 13)]).build()),
         ]
     }
     fn multiple_subsets_ips_ports() -> Vec<Option<EndpointSlice>> {
         vec![
             Some(
                 udp(
-                    slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")).endpoint(ep("10.1.1.2").node(NODE)),
+                    slice("ns1", "ep1", "ep1-1").endpoint(bare_ep("10.1.1.1")).endpoint(bare_ep("10.1.1.2").node(NODE)),
                     &[("p11", 11), ("p12", 12)],
                 )
                 .build(),
             ),
             Some(
                 udp(
-                    slice("ns1", "ep1", "ep1-2").endpoint(ep("10.1.1.3")).endpoint(ep("10.1.1.4").node(NODE)),
+                    slice("ns1", "ep1", "ep1-2").endpoint(bare_ep("10.1.1.3")).endpoint(bare_ep("10.1.1.4").node(NODE)),
                     &[("p13", 13), ("p14", 14)],
                 )
                 .build(),
             ),
             Some(
                 udp(
-                    slice("ns2", "ep2", "ep2-1").endpoint(ep("10.2.2.1")).endpoint(ep("10.2.2.2").node(NODE)),
+                    slice("ns2", "ep2", "ep2-1").endpoint(bare_ep("10.2.2.1")).endpoint(bare_ep("10.2.2.2").node(NODE)),
                     &[("p21", 21), ("p22", 22)],
                 )
                 .build(),
@@ -443,7 +443,7 @@ mod tests {
                 name: "rename a port",
                 previous: vec![Some(named_port())],
                 current: vec![Some(
-                    udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")), &[("p11-2", 11)]).build(),
+                    udp(slice("ns1", "ep1", "ep1-1").endpoint(bare_ep("10.1.1.1")), &[("p11-2", 11)]).build(),
                 )],
                 old: ep1_named.clone(),
                 expected: expect(&[("ns1", "ep1", "p11-2", &[("10.1.1.1:11", false)])]),
@@ -454,7 +454,9 @@ mod tests {
             Case {
                 name: "renumber a port",
                 previous: vec![Some(named_port())],
-                current: vec![Some(udp(slice("ns1", "ep1", "ep1-1").endpoint(ep("10.1.1.1")), &[("p11", 22)]).build())],
+                current: vec![Some(
+                    udp(slice("ns1", "ep1", "ep1-1").endpoint(bare_ep("10.1.1.1")), &[("p11", 22)]).build(),
+                )],
                 old: ep1_named.clone(),
                 expected: expect(&[("ns1", "ep1", "p11", &[("10.1.1.1:22", false)])]),
                 deleted: vec![(spn("ns1", "ep1", "p11"), "10.1.1.1:11")],
@@ -478,7 +480,7 @@ mod tests {
     fn complex_add_and_remove() -> Case {
         let s = |ns: &str, svc: &str, n: &str, eps: &[(&str, bool)], ports: &[(&str, i32)]| {
             let b = eps.iter().fold(slice(ns, svc, n), |b, (addr, local)| {
-                b.endpoint(if *local { ep(addr).node(NODE) } else { ep(addr) })
+                b.endpoint(if *local { bare_ep(addr).node(NODE) } else { bare_ep(addr) })
             });
             Some(udp(b, ports).build())
         };
@@ -568,12 +570,12 @@ mod tests {
     // Upstream TestHealthCheckNodePortWhenTerminating.
     #[test]
     fn local_ready_endpoints_ignore_terminating() {
-        let base = || slice("ns1", "svc1", "svc1-1").port("", 80, "TCP");
+        let base = || slice("ns1", "svc1", "svc1-1").port("", "TCP", 80);
         let ready = base()
-            .endpoint(ep("10.0.1.1").conditions(Some(true), None, None).node(NODE))
-            .endpoint(ep("10.0.1.2").conditions(Some(true), None, None).node(NODE))
-            .endpoint(ep("10.0.1.3").conditions(Some(true), None, None).node(NODE))
-            .endpoint(ep("10.0.1.4").conditions(Some(false), None, None).node(NODE))
+            .endpoint(bare_ep("10.0.1.1").conditions(Some(true), None, None).node(NODE))
+            .endpoint(bare_ep("10.0.1.2").conditions(Some(true), None, None).node(NODE))
+            .endpoint(bare_ep("10.0.1.3").conditions(Some(true), None, None).node(NODE))
+            .endpoint(bare_ep("10.0.1.4").conditions(Some(false), None, None).node(NODE))
             .build();
         let mut tracker = tracker();
         let mut map = EndpointsMap::new();
@@ -582,10 +584,10 @@ mod tests {
         assert_eq!(map.local_ready_endpoints(), LocalReadyEndpoints::from([(NamespacedName::new("ns1", "svc1"), 3)]));
 
         let terminating = base()
-            .endpoint(ep("10.0.1.1").conditions(Some(false), Some(true), Some(false)).node(NODE))
-            .endpoint(ep("10.0.1.2").conditions(Some(false), Some(true), Some(true)).node(NODE))
-            .endpoint(ep("10.0.1.3").conditions(Some(false), Some(true), Some(true)).node(NODE))
-            .endpoint(ep("10.0.1.4").conditions(Some(false), Some(false), Some(true)).node(NODE))
+            .endpoint(bare_ep("10.0.1.1").conditions(Some(false), Some(true), Some(false)).node(NODE))
+            .endpoint(bare_ep("10.0.1.2").conditions(Some(false), Some(true), Some(true)).node(NODE))
+            .endpoint(bare_ep("10.0.1.3").conditions(Some(false), Some(true), Some(true)).node(NODE))
+            .endpoint(bare_ep("10.0.1.4").conditions(Some(false), Some(false), Some(true)).node(NODE))
             .build();
         tracker.endpoint_slice_update(&terminating, false);
         map.update(&mut tracker);
@@ -595,10 +597,10 @@ mod tests {
     #[test]
     fn local_ready_endpoints_count_ips_once_across_ports() {
         let s = slice("ns", "svc", "svc-1")
-            .port("http", 80, "TCP")
-            .port("https", 443, "TCP")
-            .endpoint(ep("10.0.0.1").node(NODE))
-            .endpoint(ep("10.0.0.2"))
+            .port("http", "TCP", 80)
+            .port("https", "TCP", 443)
+            .endpoint(bare_ep("10.0.0.1").node(NODE))
+            .endpoint(bare_ep("10.0.0.2"))
             .build();
         let mut tracker = tracker();
         let mut map = EndpointsMap::new();
@@ -611,24 +613,24 @@ mod tests {
     fn unready_udp_endpoints_are_not_stale_and_do_not_activate() {
         // Upstream TestProxierDeleteNodePortStaleUDP: a not-ready endpoint does not make the
         // service newly active; becoming ready does.
-        let base = || slice("ns1", "svc1", "svc1-1").port("p80", 80, "UDP");
+        let base = || slice("ns1", "svc1", "svc1-1").port("p80", "UDP", 80);
         let mut tracker = tracker();
         let mut map = EndpointsMap::new();
         tracker.endpoint_slice_update(
-            &base().endpoint(ep("10.180.0.1").conditions(Some(false), None, None)).build(),
+            &base().endpoint(bare_ep("10.180.0.1").conditions(Some(false), None, None)).build(),
             false,
         );
         let result = map.update(&mut tracker);
         assert!(result.newly_active_udp_services.is_empty());
         tracker.endpoint_slice_update(
-            &base().endpoint(ep("10.180.0.1").conditions(Some(true), None, None)).build(),
+            &base().endpoint(bare_ep("10.180.0.1").conditions(Some(true), None, None)).build(),
             false,
         );
         let result = map.update(&mut tracker);
         assert_eq!(result.newly_active_udp_services, [spn("ns1", "svc1", "p80")]);
         // Going unready makes the (previously ready) endpoint stale.
         tracker.endpoint_slice_update(
-            &base().endpoint(ep("10.180.0.1").conditions(Some(false), None, None)).build(),
+            &base().endpoint(bare_ep("10.180.0.1").conditions(Some(false), None, None)).build(),
             false,
         );
         let result = map.update(&mut tracker);
@@ -638,7 +640,7 @@ mod tests {
 
     #[test]
     fn tcp_changes_report_nothing_for_conntrack() {
-        let s = slice("ns", "svc", "svc-1").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).build();
+        let s = slice("ns", "svc", "svc-1").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.1")).build();
         let mut tracker = tracker();
         let mut map = EndpointsMap::new();
         tracker.endpoint_slice_update(&s, false);
@@ -654,12 +656,16 @@ mod tests {
     #[test]
     fn other_address_types_and_unlabelled_slices_are_ignored() {
         let mut tracker = tracker();
-        let v6 = slice("ns", "svc", "v6").address_type("IPv6").port("p", 80, "TCP").endpoint(ep("fd00::1")).build();
-        let fqdn =
-            slice("ns", "svc", "fqdn").address_type("FQDN").port("p", 80, "TCP").endpoint(ep("example.com")).build();
+        let v6 =
+            slice("ns", "svc", "v6").address_type("IPv6").port("p", "TCP", 80).endpoint(bare_ep("fd00::1")).build();
+        let fqdn = slice("ns", "svc", "fqdn")
+            .address_type("FQDN")
+            .port("p", "TCP", 80)
+            .endpoint(bare_ep("example.com"))
+            .build();
         assert!(!tracker.endpoint_slice_update(&v6, false));
         assert!(!tracker.endpoint_slice_update(&fqdn, false));
-        let mut unlabelled = slice("ns", "svc", "x").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).build();
+        let mut unlabelled = slice("ns", "svc", "x").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.1")).build();
         unlabelled.metadata.labels = None;
         assert!(!tracker.endpoint_slice_update(&unlabelled, false));
         let mut unnamed = slice("ns", "svc", "x").build();
@@ -678,7 +684,7 @@ mod tests {
 
     #[test]
     fn pending_changes_and_no_op_updates() {
-        let s = slice("ns", "svc", "svc-1").port("p", 80, "TCP").endpoint(ep("10.0.0.1")).build();
+        let s = slice("ns", "svc", "svc-1").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.1")).build();
         let mut tracker = tracker();
         // Removing a slice never seen is not a change.
         assert!(!tracker.endpoint_slice_update(&s, true));
@@ -691,7 +697,7 @@ mod tests {
         assert!(tracker.pending_changes().is_empty());
         assert!(!tracker.endpoint_slice_update(&s, false));
         // Added and removed between syncs: a (no-op) change for the service.
-        let other = slice("ns", "other", "other-1").port("p", 80, "TCP").endpoint(ep("10.0.0.2")).build();
+        let other = slice("ns", "other", "other-1").port("p", "TCP", 80).endpoint(bare_ep("10.0.0.2")).build();
         assert!(tracker.endpoint_slice_update(&other, false));
         assert!(tracker.endpoint_slice_update(&other, true));
         let result = map.update(&mut tracker);
@@ -705,8 +711,8 @@ mod tests {
         let mut tracker = EndpointChangeTracker::with_start_time(NODE, IpFamily::V4, start);
         let with_time = |name: &str, t: &str| {
             slice("ns", "svc", name)
-                .port("p", 80, "TCP")
-                .endpoint(ep("10.0.0.1"))
+                .port("p", "TCP", 80)
+                .endpoint(bare_ep("10.0.0.1"))
                 .annotation(ANNOTATION_LAST_CHANGE_TRIGGER_TIME, t)
                 .build()
         };

@@ -16,8 +16,9 @@ pub mod recorder;
 pub mod service;
 pub mod topology;
 
-#[cfg(test)]
-pub(crate) mod testing;
+/// Fixture builders for tests here and in `tests/` (the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use endpoint_slice_cache::InvalidEndpointSlice;
 pub(crate) use endpoint_slice_cache::LABEL_SERVICE_NAME;

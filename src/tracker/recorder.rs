@@ -226,14 +226,14 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tracker::testing::{ep, service, slice};
+    use crate::tracker::testing::{bare_ep, slice, svc};
 
     fn recorder() -> ChangeRecorder {
         ChangeRecorder::new(IpFamily::V4, Features::default(), "node-a", None)
     }
 
     fn web() -> Service {
-        service("ns", "web").type_("ClusterIP").cluster_ip("10.0.0.1").port("http", "TCP", 80).build()
+        svc("ns", "web").type_("ClusterIP").bare_cluster_ip("10.0.0.1").port("http", "TCP", 80, 0).build()
     }
 
     #[test]
@@ -267,7 +267,7 @@ mod tests {
         // Back to what was applied before the first pending change: nothing to do.
         assert!(!r.on_service(name.clone(), Some(&web())));
         assert!(r.pending_services().is_empty());
-        let s = slice("ns", "web", "web-1").port("http", 8080, "TCP").endpoint(ep("10.1.0.1")).build();
+        let s = slice("ns", "web", "web-1").port("http", "TCP", 8080).endpoint(bare_ep("10.1.0.1")).build();
         assert!(r.on_endpoint_slice(&s, false));
         assert_eq!(r.drain().expect("initialized").endpoints.services().count(), 1);
     }

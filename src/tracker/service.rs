@@ -245,7 +245,7 @@ impl ServiceChangeTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tracker::testing::service;
+    use crate::tracker::testing::svc;
 
     fn nn(ns: &str, name: &str) -> NamespacedName {
         NamespacedName::new(ns, name)
@@ -259,33 +259,33 @@ mod tests {
     #[test]
     fn add_and_remove_services() {
         let services = [
-            service("somewhere-else", "cluster-ip")
+            svc("somewhere-else", "cluster-ip")
                 .type_("ClusterIP")
-                .cluster_ip("172.30.55.4")
-                .port("something", "UDP", 1234)
-                .port("somethingelse", "UDP", 1235)
-                .port("sctpport", "SCTP", 1236)
+                .bare_cluster_ip("172.30.55.4")
+                .port("something", "UDP", 1234, 0)
+                .port("somethingelse", "UDP", 1235, 0)
+                .port("sctpport", "SCTP", 1236, 0)
                 .build(),
-            service("somewhere-else", "node-port")
+            svc("somewhere-else", "node-port")
                 .type_("NodePort")
-                .cluster_ip("172.30.55.10")
-                .node_port("blahblah", "UDP", 345, 678)
-                .node_port("moreblahblah", "TCP", 344, 677)
-                .node_port("muchmoreblah", "SCTP", 343, 676)
+                .bare_cluster_ip("172.30.55.10")
+                .port("blahblah", "UDP", 345, 678)
+                .port("moreblahblah", "TCP", 344, 677)
+                .port("muchmoreblah", "SCTP", 343, 676)
                 .build(),
-            service("somewhere", "load-balancer")
+            svc("somewhere", "load-balancer")
                 .type_("LoadBalancer")
-                .cluster_ip("172.30.55.11")
-                .node_port("foobar", "UDP", 8675, 30061)
-                .node_port("baz", "UDP", 8676, 30062)
-                .ingress_ips(&["1.2.3.4"])
+                .bare_cluster_ip("172.30.55.11")
+                .port("foobar", "UDP", 8675, 30061)
+                .port("baz", "UDP", 8676, 30062)
+                .lb_ingress(&["1.2.3.4"])
                 .build(),
-            service("somewhere", "only-local-load-balancer")
+            svc("somewhere", "only-local-load-balancer")
                 .type_("LoadBalancer")
-                .cluster_ip("172.30.55.12")
-                .node_port("foobar2", "UDP", 8677, 30063)
-                .node_port("baz", "UDP", 8678, 30064)
-                .ingress_ips(&["5.6.7.8"])
+                .bare_cluster_ip("172.30.55.12")
+                .port("foobar2", "UDP", 8677, 30063)
+                .port("baz", "UDP", 8678, 30064)
+                .lb_ingress(&["5.6.7.8"])
                 .external_policy("Local")
                 .health_check_node_port(345)
                 .build(),
@@ -307,10 +307,10 @@ mod tests {
         );
 
         // services[0] loses its first port; the others are deleted.
-        let one_port = service("somewhere-else", "cluster-ip")
+        let one_port = svc("somewhere-else", "cluster-ip")
             .type_("ClusterIP")
-            .cluster_ip("172.30.55.4")
-            .port("somethingelse", "UDP", 1235)
+            .bare_cluster_ip("172.30.55.4")
+            .port("somethingelse", "UDP", 1235, 0)
             .build();
         tracker.update(Some(&services[0]), Some(&one_port));
         for svc in &services[1..] {
@@ -329,17 +329,17 @@ mod tests {
     #[test]
     fn headless_and_external_name_services_are_ignored() {
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4, Features::default());
-        let headless = service("somewhere-else", "headless")
+        let headless = svc("somewhere-else", "headless")
             .type_("ClusterIP")
-            .cluster_ip("None")
-            .port("rpc", "UDP", 1234)
+            .bare_cluster_ip("None")
+            .port("rpc", "UDP", 1234, 0)
             .build();
         let headless_no_port =
-            service("somewhere-else", "headless-without-port").type_("ClusterIP").cluster_ip("None").build();
-        let external_name = service("somewhere-else", "external-name")
+            svc("somewhere-else", "headless-without-port").type_("ClusterIP").bare_cluster_ip("None").build();
+        let external_name = svc("somewhere-else", "external-name")
             .type_("ExternalName")
-            .cluster_ip("172.30.55.4")
-            .port("blah", "UDP", 1235)
+            .bare_cluster_ip("172.30.55.4")
+            .port("blah", "UDP", 1235, 0)
             .build();
         for svc in [&headless, &headless_no_port, &external_name] {
             assert!(!tracker.update(None, Some(svc)), "{:?}", svc.metadata.name);
@@ -354,18 +354,18 @@ mod tests {
     // Upstream TestBuildServiceMapServiceUpdate.
     #[test]
     fn update_service_type_back_and_forth() {
-        let v1 = service("somewhere", "some-service")
+        let v1 = svc("somewhere", "some-service")
             .type_("ClusterIP")
-            .cluster_ip("172.30.55.4")
-            .port("something", "UDP", 1234)
-            .port("somethingelse", "TCP", 1235)
+            .bare_cluster_ip("172.30.55.4")
+            .port("something", "UDP", 1234, 0)
+            .port("somethingelse", "TCP", 1235, 0)
             .build();
-        let v2 = service("somewhere", "some-service")
+        let v2 = svc("somewhere", "some-service")
             .type_("LoadBalancer")
-            .cluster_ip("172.30.55.4")
-            .node_port("something", "UDP", 1234, 4321)
-            .node_port("somethingelse", "TCP", 1235, 5321)
-            .ingress_ips(&["1.2.3.4"])
+            .bare_cluster_ip("172.30.55.4")
+            .port("something", "UDP", 1234, 4321)
+            .port("somethingelse", "TCP", 1235, 5321)
+            .lb_ingress(&["1.2.3.4"])
             .external_policy("Local")
             .health_check_node_port(345)
             .build();
@@ -400,8 +400,8 @@ mod tests {
 
     #[test]
     fn changes_that_cancel_out_are_dropped() {
-        let a = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 80).build();
-        let b = service("ns", "s").cluster_ip("10.0.0.1").port("p", "TCP", 8080).build();
+        let a = svc("ns", "s").bare_cluster_ip("10.0.0.1").port("p", "TCP", 80, 0).build();
+        let b = svc("ns", "s").bare_cluster_ip("10.0.0.1").port("p", "TCP", 8080, 0).build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         assert!(tracker.update(None, Some(&a)));
         // A sync applies it.
@@ -412,7 +412,7 @@ mod tests {
         assert!(!tracker.update(Some(&b), Some(&a)));
         assert!(tracker.pending_changes().is_empty());
         // Added then deleted before a sync: nothing to do.
-        let c = service("ns", "c").cluster_ip("10.0.0.3").port("p", "TCP", 80).build();
+        let c = svc("ns", "c").bare_cluster_ip("10.0.0.3").port("p", "TCP", 80, 0).build();
         assert!(tracker.update(None, Some(&c)));
         assert!(!tracker.update(Some(&c), None));
         assert!(!tracker.update(None, None));
@@ -420,15 +420,15 @@ mod tests {
 
     #[test]
     fn other_family_and_invalid_services() {
-        let v6_only = service("ns", "v6").cluster_ips(&[("fd00::1", "IPv6")]).port("p", "TCP", 80).build();
+        let v6_only = svc("ns", "v6").cluster_ips_with_families(&[("fd00::1", "IPv6")]).port("p", "TCP", 80, 0).build();
         let mut v4 = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         assert!(!v4.update(None, Some(&v6_only)));
         let mut v6 = ServiceChangeTracker::new(IpFamily::V6, Features::default());
         assert!(v6.update(None, Some(&v6_only)));
 
         // A valid service updated to an invalid one loses its ports.
-        let good = service("ns", "s").cluster_ip("10.0.0.1").port("p", "UDP", 53).build();
-        let bad = service("ns", "s").cluster_ip("10.0.0.1").port("p", "UDP", 0).build();
+        let good = svc("ns", "s").bare_cluster_ip("10.0.0.1").port("p", "UDP", 53, 0).build();
+        let bad = svc("ns", "s").bare_cluster_ip("10.0.0.1").port("p", "UDP", 0, 0).build();
         let mut map = ServicePortMap::new();
         v4.update(None, Some(&good));
         map.update(&mut v4);
@@ -452,8 +452,8 @@ mod tests {
 
     #[test]
     fn protocol_change_replaces_the_port() {
-        let udp = service("ns", "s").cluster_ip("10.0.0.1").port("dns", "UDP", 53).build();
-        let tcp = service("ns", "s").cluster_ip("10.0.0.1").port("dns", "TCP", 53).build();
+        let udp = svc("ns", "s").bare_cluster_ip("10.0.0.1").port("dns", "UDP", 53, 0).build();
+        let tcp = svc("ns", "s").bare_cluster_ip("10.0.0.1").port("dns", "TCP", 53, 0).build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4, Features::default());
         let mut map = ServicePortMap::new();
         tracker.update(None, Some(&udp));

@@ -178,7 +178,7 @@ mod tests {
     use super::*;
     use crate::compat::Release;
     use crate::model::{IpFamily, NamespacedName, Protocol, ServicePortName, service_ports};
-    use crate::tracker::testing::service;
+    use crate::tracker::testing;
 
     /// The release of the upstream unit tests these cases come from.
     fn v1_29() -> Features {
@@ -188,7 +188,7 @@ mod tests {
     /// A service port like upstream's `NewBaseServiceInfo(..., nodePort, ..., etpLocal,
     /// itpLocal, ..., hintsAnnotation)` test helper.
     fn svc(node_port: i32, etp_local: bool, itp_local: bool, hints: bool) -> ServicePortInfo {
-        let built = service("ns", "svc").cluster_ip("10.96.0.1").port("", "TCP", 80).build();
+        let built = testing::svc("ns", "svc").bare_cluster_ip("10.96.0.1").port("", "TCP", 80, 0).build();
         let mut info = service_ports(&built, IpFamily::V4, &v1_29()).unwrap().remove(0);
         info.node_port = node_port;
         info.external_policy_local = etp_local;

@@ -21,12 +21,12 @@ use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use kube_proxy_rs::tracker::testing::node;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::apiserver::ApiServer;
 use crate::support::e2e::{DaemonProcess, TempDir, daemon_args, enter_netns, in_netns, ip, nat, topology, veth_names};
-use crate::support::fixtures::node;
 use crate::support::netns::Netns;
 
 pub const NODE_A: &str = "node-a";

@@ -4,10 +4,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::apiserver::ApiServer;
 use crate::support::netns::Netns;
+use crate::support::poll::poll_until;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
 pub const API_IP: &str = "198.18.20.1";
@@ -57,15 +58,6 @@ pub fn veth_names(prefix: &str) -> (String, String) {
 /// The nat table of `ns` as iptables-nft-save prints it.
 pub fn nat(ns: &Netns) -> String {
     ns.ok(&["iptables-nft-save", "-t", "nat"])
-}
-
-/// Polls `check` every 200 ms until it holds, failing the test after `limit`.
-pub async fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// An "api" and a "node" namespace joined by a veth pair (api 198.18.20.1/30, node
@@ -199,18 +191,17 @@ impl DaemonProcess {
     /// Waits up to `limit` for the daemon to exit and returns its status.
     pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("daemon running");
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(s) = child.try_wait().expect("wait") {
-                return s;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("daemon did not exit within {limit:?}\n{}", self.log_text());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let mut status = None;
+        poll_until(limit, Duration::from_millis(100), || {
+            status = child.try_wait().expect("wait");
+            status.is_some()
+        })
+        .await;
+        status.unwrap_or_else(|| {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("daemon did not exit within {limit:?}\n{}", self.log_text())
+        })
     }
 }
 

@@ -1,14 +1,15 @@
-//! Shared test support: fixture builders, a proxier wired to the fake iptables, and a rules
-//! assertion that prints a readable diff pointing at the calling test.
+//! Shared test support: a proxier wired to the fake iptables, a rules assertion that prints a
+//! readable diff pointing at the calling test, and the polling helper. The object fixture
+//! builders are the library's (`kube_proxy_rs::tracker::testing`, the `testing` feature).
 
 #![allow(dead_code)]
 
 pub mod apiserver;
 pub mod cluster_net;
 pub mod e2e;
-pub mod fixtures;
 pub mod harness;
 pub mod netns;
+pub mod poll;
 
 /// Asserts two iptables-restore texts are equal, printing a line diff on failure.
 #[track_caller]

@@ -17,8 +17,9 @@
 //!
 //! Deleting goes through the [`Conntrack`] trait: [`ExecConntrack`] runs the `conntrack` tool
 //! through [`crate::exec`] with upstream's exact argument lists (optionally inside a network
-//! namespace, for tests), [`FakeConntrack`] records what it was asked. A [`ClearRequest`] is
-//! one deletion; [`ClearRequest::args`] is the argv upstream would run for it.
+//! namespace, for tests), `FakeConntrack` (under the `testing` feature) records what it was
+//! asked. A [`ClearRequest`] is one deletion; [`ClearRequest::args`] is the argv upstream would
+//! run for it.
 //!
 //! Failures are logged and counted, never propagated: a stale entry costs one client its
 //! traffic until the entry times out, a failed sync would cost everyone.
@@ -32,7 +33,9 @@ pub mod reconciler;
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+#[cfg(any(test, feature = "testing"))]
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::exec::{Command, Exec, ExecError};
@@ -63,21 +66,21 @@ pub enum ConntrackError {
     Exec { request: Box<ClearRequest>, command: String, source: ExecError },
     #[error("failed to delete {request}: `{command}` exited with {status}: {output}")]
     Failed { request: Box<ClearRequest>, command: String, status: String, output: String },
-    /// Only from [`FakeConntrack`]: a failure a test asked for.
+    /// Only from `FakeConntrack`: a failure a test asked for.
     #[error("failed to delete {request}: {reason}")]
     Injected { request: Box<ClearRequest>, reason: String },
     #[error("failed to list {family} {protocol} conntrack entries: failed to run `{command}`: {source}")]
     ListExec { family: IpFamily, protocol: Protocol, command: String, source: ExecError },
     #[error("failed to list {family} {protocol} conntrack entries: `{command}` exited with {status}: {output}")]
     ListFailed { family: IpFamily, protocol: Protocol, command: String, status: String, output: String },
-    /// Only from [`FakeConntrack`].
+    /// Only from `FakeConntrack`.
     #[error("failed to list {family} {protocol} conntrack entries: injected failure")]
     ListInjected { family: IpFamily, protocol: Protocol },
     #[error("failed to delete {filter}: failed to run `{command}`: {source}")]
     FlowsExec { filter: Box<FlowFilter>, command: String, source: ExecError },
     #[error("failed to delete {filter}: `{command}` exited with {status}: {output}")]
     FlowsFailed { filter: Box<FlowFilter>, command: String, status: String, output: String },
-    /// Only from [`FakeConntrack`].
+    /// Only from `FakeConntrack`.
     #[error("failed to delete {filter}: injected failure")]
     FlowsInjected { filter: Box<FlowFilter> },
 }
@@ -376,11 +379,13 @@ impl Conntrack for ExecConntrack {
 /// Requests are validated like [`ExecConntrack`] validates them, and the ones registered with
 /// [`FakeConntrack::fail_on`] / [`FakeConntrack::fail_flows`] fail, so tests can check that
 /// one failure does not stop the rest.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct FakeConntrack {
     inner: Mutex<FakeState>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 struct FakeState {
     calls: Vec<ClearRequest>,
@@ -392,6 +397,7 @@ struct FakeState {
     failing_flows: HashSet<FlowFilter>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeConntrack {
     pub fn new() -> Self {
         Self::default()
@@ -510,6 +516,7 @@ impl FakeConntrack {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Conntrack for FakeConntrack {
     fn clear(&self, request: &ClearRequest) -> Result<()> {
         let mut state = self.lock();
@@ -712,7 +719,7 @@ mod tests {
     use super::*;
     use crate::exec::{FakeExec, Output};
     use crate::model::{NamespacedName, ServicePortName};
-    use crate::tracker::testing::service;
+    use crate::tracker::testing::svc;
     use crate::tracker::{ServiceChangeTracker, ServiceEndpoint};
 
     const CLUSTER_IP: &str = "172.30.1.1";
@@ -732,12 +739,12 @@ mod tests {
     /// Upstream's fixture: one Service with a TCP and a UDP port on 53, an external IP, a
     /// load-balancer IP, and a node port on the UDP port.
     fn service_map() -> ServicePortMap {
-        let svc = service("test", "cleanup-test")
-            .cluster_ip(CLUSTER_IP)
+        let svc = svc("test", "cleanup-test")
+            .bare_cluster_ip(CLUSTER_IP)
             .external_ips(&[EXTERNAL_IP])
-            .port("dns-tcp", "TCP", 53)
-            .node_port("dns-udp", "UDP", 53, i32::from(NODE_PORT))
-            .ingress_ips(&[LB_IP])
+            .port("dns-tcp", "TCP", 53, 0)
+            .port("dns-udp", "UDP", 53, i32::from(NODE_PORT))
+            .lb_ingress(&[LB_IP])
             .build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4, crate::compat::Features::default());
         tracker.update(None, Some(&svc));
@@ -891,7 +898,8 @@ mod tests {
 
     #[test]
     fn same_endpoint_ip_on_two_ports_is_cleared_once() {
-        let svc = service("ns", "dns").cluster_ip("172.30.0.10").port("a", "UDP", 53).port("b", "UDP", 5353).build();
+        let svc =
+            svc("ns", "dns").bare_cluster_ip("172.30.0.10").port("a", "UDP", 53, 0).port("b", "UDP", 5353, 0).build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4, crate::compat::Features::default());
         tracker.update(None, Some(&svc));
         let mut map = ServicePortMap::new();
@@ -910,10 +918,10 @@ mod tests {
 
     #[test]
     fn ipv6_requests_carry_the_family_flag_and_bare_endpoint_ips() {
-        let svc = service("ns", "dns6")
-            .cluster_ip("fd00:10:96::a")
+        let svc = svc("ns", "dns6")
+            .bare_cluster_ip("fd00:10:96::a")
             .external_ips(&["2001:db8::99"])
-            .node_port("dns", "UDP", 53, 30053)
+            .port("dns", "UDP", 53, 30053)
             .build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V6, crate::compat::Features::default());
         tracker.update(None, Some(&svc));

@@ -371,7 +371,7 @@ mod tests {
     use super::*;
     use crate::model::{EndpointInfo, NamespacedName, ServicePortName};
     use crate::node::conntrack::FakeConntrack;
-    use crate::tracker::testing::service;
+    use crate::tracker::testing::svc;
     use crate::tracker::{EndpointsMap, ServiceChangeTracker, ServicePortMap};
     use std::sync::Arc;
 
@@ -396,17 +396,17 @@ mod tests {
     /// `ns/web` (TCP 53 on the same cluster IP, to show TCP is never touched), with the
     /// service model of `release` (which drops Proxy-mode ingress IPs from 1.30).
     fn services(release: Release) -> ServicePortMap {
-        let mut dns = service("ns", "dns")
+        let mut dns = svc("ns", "dns")
             .type_("LoadBalancer")
-            .cluster_ip(CLUSTER_IP)
+            .bare_cluster_ip(CLUSTER_IP)
             .external_ips(&[EXTERNAL_IP])
-            .node_port("dns", "UDP", 53, i32::from(NODE_PORT))
-            .ingress_ips(&[LB_IP, PROXY_LB_IP])
+            .port("dns", "UDP", 53, i32::from(NODE_PORT))
+            .lb_ingress(&[LB_IP, PROXY_LB_IP])
             .build();
         let ingress = dns.status.as_mut().and_then(|s| s.load_balancer.as_mut()).and_then(|lb| lb.ingress.as_mut());
         ingress.expect("ingress")[1].ip_mode = Some("Proxy".into());
-        let empty = service("ns", "empty").cluster_ip("172.30.1.2").port("dns", "UDP", 53).build();
-        let web = service("ns", "web").cluster_ip("172.30.1.3").port("dns", "TCP", 53).build();
+        let empty = svc("ns", "empty").bare_cluster_ip("172.30.1.2").port("dns", "UDP", 53, 0).build();
+        let web = svc("ns", "web").bare_cluster_ip("172.30.1.3").port("dns", "TCP", 53, 0).build();
         let mut tracker = ServiceChangeTracker::new(IpFamily::V4, crate::compat::Features::of(release));
         for svc in [&dns, &empty, &web] {
             tracker.update(None, Some(svc));
