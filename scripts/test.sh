@@ -14,6 +14,8 @@ else
 fi
 if [ "$#" -eq 0 ]; then
     cargo clippy --release --all-targets -- -D warnings
-    # With the test doubles (the `testing` feature), which the tests' authors read too.
-    RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --features testing
+    # With the test doubles (the `testing` feature) and the crate-private items, which is what
+    # this crate's readers (its developers) need; links to private items then resolve.
+    RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
+        cargo doc --release --no-deps --document-private-items --features testing
 fi

@@ -6,7 +6,7 @@
 //! [`EndpointChangeTracker::endpoint_slice_update`], node labels). A sync drains it
 //! ([`ChangeRecorder::drain`]) and applies the changes with [`ServicePortMap::apply`] and
 //! [`EndpointsMap::apply`] without holding that lock, learning what changed, then
-//! [`categorize_endpoints`] per service port chooses endpoints. Nothing here does I/O or
+//! [`topology::categorize_endpoints`] per service port chooses endpoints. Nothing here does I/O or
 //! waits for a sync.
 
 pub mod endpoint_slice_cache;
