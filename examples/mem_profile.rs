@@ -8,7 +8,7 @@
 //! overhead is not included) after each phase and the peaks in between; `/proc/self/status`
 //! gives VmRSS and VmHWM for comparison.
 //!
-//!     cargo run --release --example mem_profile -- 10000
+//!     cargo run --release --example mem_profile -- 10000 [--no-pages]
 //!
 //! Figures are recorded in docs/performance.md.
 
@@ -220,6 +220,10 @@ fn main() {
     let at_restore = kernel.at_restore.lock().expect("lock").last().copied().unwrap_or(0);
     println!("| (live heap when the restore ran) | {} | | | | |", mb(at_restore));
     report.phase(&format!("partial sync done (full: {full}, {bytes} B input)"));
+    if std::env::args().any(|a| a == "--no-pages") {
+        // For heap profilers: the page decoding below would be the process's peak.
+        return;
+    }
     // What one list page of every object costs while it is held (API servers answer a list
     // from their cache in one page): as k8s-openapi objects and as the watches decode it.
     let page = |docs: &[String]| format!("[{}]", docs.join(","));
