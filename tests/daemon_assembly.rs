@@ -19,7 +19,7 @@ use kube_proxy_rs::proxier::StaticInterfaces;
 use kube_proxy_rs::tracker::testing::{node, slice, svc};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::poll::{FAST_POLL, eventually_fast, poll_until};
+use crate::support::poll::{FAST_POLL, eventually_async, eventually_fast, poll_until};
 
 /// How long a wait for the daemon's tasks may take.
 const WAIT: Duration = Duration::from_secs(10);
@@ -438,14 +438,13 @@ async fn livez_follows_restore_progress() {
     assert!(rig.slow.restoring());
     let (status, _) = timed_get(rig.health_addr, "/livez").await;
     assert_eq!(status, 503, "a step stuck past the health timeout is not alive");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, _) = timed_get(rig.health_addr, "/livez").await;
-        if status == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "healthy again once the restore completes");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let addr = rig.health_addr;
+    eventually_async(
+        "/livez healthy again once the restore completes",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async move { timed_get(addr, "/livez").await.0 == 200 },
+    )
+    .await;
     rig.stop().await;
 }

@@ -41,6 +41,25 @@ pub async fn eventually_fast(what: &str, limit: Duration, check: impl FnMut() ->
     eventually_every(what, limit, FAST_POLL, check).await
 }
 
+/// Like [`eventually`] for a check that must await (a request to the daemon), checking every
+/// `every`.
+pub async fn eventually_async<F: std::future::Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> F,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        let elapsed = start.elapsed();
+        assert!(elapsed < limit, "timed out after {limit:?} waiting for: {what}");
+        tokio::time::sleep(every.min(limit - elapsed)).await;
+    }
+}
+
 async fn eventually_every(what: &str, limit: Duration, every: Duration, check: impl FnMut() -> bool) -> Duration {
     match poll_until(limit, every, check).await {
         Some(took) => took,
@@ -65,6 +84,24 @@ mod tests {
 
         let never = poll_until(Duration::from_millis(30), Duration::from_millis(5), || false).await;
         assert_eq!(never, None);
+    }
+
+    #[tokio::test]
+    async fn eventually_async_awaits_each_check() {
+        let mut calls = 0;
+        eventually_async("the third call", Duration::from_secs(5), Duration::from_millis(1), || {
+            calls += 1;
+            let done = calls == 3;
+            async move { done }
+        })
+        .await;
+        assert_eq!(calls, 3);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "waiting for: the never")]
+    async fn eventually_async_fails_naming_what_it_waited_for() {
+        eventually_async("the never", Duration::from_millis(30), Duration::from_millis(5), || async { false }).await;
     }
 
     #[tokio::test]
