@@ -8,7 +8,7 @@
 //! overhead is not included) after each phase and the peaks in between; `/proc/self/status`
 //! gives VmRSS and VmHWM for comparison.
 //!
-//!     cargo run --release --example mem_profile -- 10000 [--no-pages]
+//!     cargo run --release --example mem_profile -- 10000 [--no-pages] [--nft]
 //!
 //! Figures are recorded in docs/performance.md.
 
@@ -50,7 +50,8 @@ struct KernelExec {
 impl Exec for KernelExec {
     fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
         if cmd.args.iter().any(|a| a == "--version") {
-            return Ok(Output::ok("iptables v1.8.9 (legacy)\n"));
+            let mode = if nft_mode() { "nf_tables" } else { "legacy" };
+            return Ok(Output::ok(format!("iptables v1.8.9 ({mode})\n")));
         }
         if cmd.program.ends_with("-save") {
             let nat = self.nat.lock().expect("lock");
@@ -75,6 +76,11 @@ impl Exec for KernelExec {
         }
         Ok(Output::ok(""))
     }
+}
+
+/// `--nft`: an iptables-nft node, where a large restore is split into transactions.
+fn nft_mode() -> bool {
+    std::env::args().any(|a| a == "--nft")
 }
 
 fn mb(bytes: usize) -> String {
@@ -150,7 +156,7 @@ fn main() {
         kernel.clone(),
         family,
         RunnerOptions {
-            backend: Backend::Legacy,
+            backend: if nft_mode() { Backend::Nft } else { Backend::Legacy },
             netns: None,
             command_timeout: Duration::from_secs(60),
             ..RunnerOptions::default()

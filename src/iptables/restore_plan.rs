@@ -35,7 +35,7 @@ pub const DEFAULT_BUDGET: u64 = 8_000_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {
     /// For each line of the piece (index 0 = line 1), its line number in the original input.
-    original_lines: Vec<usize>,
+    original_lines: Vec<u32>,
 }
 
 /// The pieces of a split restore of one input.
@@ -43,17 +43,19 @@ pub struct Piece {
 pub struct Plan<'a> {
     input: &'a [u8],
     /// Byte range of each line of `input` (index 0 = line 1), without its newline.
-    line_ranges: Vec<(usize, usize)>,
+    line_ranges: Vec<(u32, u32)>,
     pub pieces: Vec<Piece>,
 }
 
 impl Plan<'_> {
     /// The text of `piece`, one newline-terminated line per original line.
     pub fn text(&self, piece: &Piece) -> Vec<u8> {
-        let mut out = Vec::new();
+        let range = |n: u32| (n as usize).checked_sub(1).and_then(|i| self.line_ranges.get(i)).copied();
+        let size = piece.original_lines.iter().map(|&n| range(n).map_or(0, |(s, e)| (e - s) as usize) + 1).sum();
+        let mut out = Vec::with_capacity(size);
         for &n in &piece.original_lines {
-            if let Some(&(start, end)) = n.checked_sub(1).and_then(|i| self.line_ranges.get(i)) {
-                out.extend_from_slice(&self.input[start..end]);
+            if let Some((start, end)) = range(n) {
+                out.extend_from_slice(&self.input[start as usize..end as usize]);
             }
             out.push(b'\n');
         }
@@ -64,7 +66,7 @@ impl Plan<'_> {
 impl Piece {
     /// The line of the original input that line `line` (1-based) of this piece came from.
     pub(crate) fn original_line(&self, line: usize) -> Option<usize> {
-        line.checked_sub(1).and_then(|i| self.original_lines.get(i)).copied()
+        line.checked_sub(1).and_then(|i| self.original_lines.get(i)).map(|&n| n as usize)
     }
 }
 
@@ -72,12 +74,13 @@ impl Piece {
 /// best restored as it is (within budget, or not of a shape this module understands).
 pub fn split(data: &[u8], budget: u64) -> Option<Plan<'_>> {
     let pieces = split_pieces(data, budget)?;
-    let mut line_ranges = Vec::new();
+    let mut line_ranges = Vec::with_capacity(data.iter().filter(|&&b| b == b'\n').count() + 1);
     let mut start = 0;
     for line in data.split(|&b| b == b'\n') {
         let end = start + line.len();
         let trimmed = if line.ends_with(b"\r") { end - 1 } else { end };
-        line_ranges.push((start, trimmed));
+        // Offsets are u32s: an input past 4 GiB is not split.
+        line_ranges.push((u32::try_from(start).ok()?, u32::try_from(trimmed).ok()?));
         start = end + 1;
     }
     Some(Plan { input: data, line_ranges, pieces })
@@ -99,24 +102,36 @@ fn split_pieces(data: &[u8], budget: u64) -> Option<Vec<Piece>> {
     Some(pieces)
 }
 
-struct Line<'a> {
-    number: usize,
-    text: &'a str,
+/// A line of the input: its number and where its text is (`u32`s: at 10k services the
+/// planner holds 450k of these, and their size is most of a split restore's extra memory).
+#[derive(Clone, Copy)]
+struct Line {
+    number: u32,
+    start: u32,
+    len: u32,
+}
+
+impl Line {
+    fn text<'a>(&self, input: &'a str) -> &'a str {
+        &input[self.start as usize..(self.start + self.len) as usize]
+    }
 }
 
 struct Chain<'a> {
     name: &'a str,
-    declaration: Line<'a>,
-    rules: Vec<Line<'a>>,
-    deleted: Option<Line<'a>>,
+    declaration: Line,
+    rules: Vec<Line>,
+    deleted: Option<Line>,
 }
 
 struct TableText<'a> {
-    header: Line<'a>,
-    commit: Line<'a>,
+    /// The whole input, which the lines point into.
+    input: &'a str,
+    header: Line,
+    commit: Line,
     chains: Vec<Chain<'a>>,
     /// `-X` of chains not declared in this input.
-    bare_deletions: Vec<Line<'a>>,
+    bare_deletions: Vec<Line>,
     lines: usize,
     names: usize,
 }
@@ -128,7 +143,7 @@ impl TableText<'_> {
 
     /// The table as one piece, in its original line order.
     fn whole(&self) -> Piece {
-        let mut all: Vec<&Line<'_>> = vec![&self.header];
+        let mut all: Vec<&Line> = vec![&self.header];
         for c in &self.chains {
             all.push(&c.declaration);
             all.extend(c.rules.iter());
@@ -150,8 +165,12 @@ impl TableText<'_> {
             .chains
             .iter()
             .map(|c| {
-                let mut t: Vec<usize> =
-                    c.rules.iter().filter_map(|r| jump_target(r.text)).filter_map(|n| index.get(n).copied()).collect();
+                let mut t: Vec<usize> = c
+                    .rules
+                    .iter()
+                    .filter_map(|r| jump_target(r.text(self.input)))
+                    .filter_map(|n| index.get(n).copied())
+                    .collect();
                 t.sort_unstable();
                 t.dedup();
                 t
@@ -167,8 +186,9 @@ impl TableText<'_> {
         let mut current = Packing::default();
         for &i in &live {
             let chain = &self.chains[i];
-            let names: Vec<&str> =
-                std::iter::once(chain.name).chain(chain.rules.iter().filter_map(|r| jump_target(r.text))).collect();
+            let names: Vec<&str> = std::iter::once(chain.name)
+                .chain(chain.rules.iter().filter_map(|r| jump_target(r.text(self.input))))
+                .collect();
             let lines = 1 + chain.rules.len();
             if !current.is_empty() && current.cost_with(lines, &names) > budget {
                 pieces.push(self.emit(&std::mem::take(&mut current), Part::Rules, false));
@@ -258,17 +278,17 @@ impl<'a> Packing<'a> {
 }
 
 struct PieceBuilder {
-    original_lines: Vec<usize>,
+    original_lines: Vec<u32>,
 }
 
 impl PieceBuilder {
-    fn new(header: &Line<'_>) -> Self {
+    fn new(header: &Line) -> Self {
         let mut b = PieceBuilder { original_lines: Vec::new() };
         b.push(header);
         b
     }
 
-    fn push(&mut self, line: &Line<'_>) {
+    fn push(&mut self, line: &Line) {
         self.original_lines.push(line.number);
     }
 
@@ -323,10 +343,10 @@ fn depths(targets: &[Vec<usize>]) -> Option<Vec<usize>> {
 
 /// A table being parsed: from its `*table` line to its `COMMIT`.
 struct OpenTable<'a> {
-    header: Line<'a>,
+    header: Line,
     chains: Vec<Chain<'a>>,
     index: HashMap<&'a str, usize>,
-    bare: Vec<Line<'a>>,
+    bare: Vec<Line>,
     lines: usize,
 }
 
@@ -336,12 +356,15 @@ fn parse(data: &[u8]) -> Option<Vec<TableText<'_>>> {
     let mut tables = Vec::new();
     let mut current: Option<OpenTable<'_>> = None;
     for (i, raw) in text.lines().enumerate() {
-        let number = i + 1;
         let line = raw.trim_end_matches('\r');
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let l = Line { number, text: line };
+        let l = Line {
+            number: u32::try_from(i + 1).ok()?,
+            start: u32::try_from(line.as_ptr() as usize - text.as_ptr() as usize).ok()?,
+            len: u32::try_from(line.len()).ok()?,
+        };
         match &mut current {
             None => {
                 if !line.starts_with('*') {
@@ -361,10 +384,18 @@ fn parse(data: &[u8]) -> Option<Vec<TableText<'_>>> {
                     let OpenTable { header, chains, bare, lines, .. } = current.take()?;
                     let mut names: HashSet<&str> = chains.iter().map(|c| c.name).collect();
                     for c in &chains {
-                        names.extend(c.rules.iter().filter_map(|r| jump_target(r.text)));
+                        names.extend(c.rules.iter().filter_map(|r| jump_target(r.text(text))));
                     }
                     let names = names.len();
-                    tables.push(TableText { header, commit: l, chains, bare_deletions: bare, lines, names });
+                    tables.push(TableText {
+                        input: text,
+                        header,
+                        commit: l,
+                        chains,
+                        bare_deletions: bare,
+                        lines,
+                        names,
+                    });
                 } else if let Some(rest) = line.strip_prefix(':') {
                     let name = rest.split_ascii_whitespace().next()?;
                     if index.contains_key(name) {
@@ -505,7 +536,7 @@ COMMIT
     }
 
     fn parse_whole() -> Piece {
-        Piece { original_lines: (1..=PAYLOAD.lines().count()).collect() }
+        Piece { original_lines: (1..=PAYLOAD.lines().count() as u32).collect() }
     }
 
     #[test]
