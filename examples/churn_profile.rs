@@ -16,89 +16,29 @@
 #![allow(clippy::print_stdout)]
 
 use std::alloc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cap::Cap;
 use kube::runtime::watcher::Event;
-use kube_proxy_rs::daemon::runner::BoundedFrequencyRunner;
-use kube_proxy_rs::exec::{Command, Exec, ExecError, Output};
-use kube_proxy_rs::iptables::runner::{Backend, IptablesRunner, RunnerOptions};
-use kube_proxy_rs::k8s::{ProxierSet, ServiceEvents, SliceEvents};
-use kube_proxy_rs::model::{Cidr, IpFamily};
-use kube_proxy_rs::proxier::local_detect::LocalDetector;
-use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
-use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome};
+use kube_proxy_rs::k8s::{ServiceEvents, SliceEvents};
+use kube_proxy_rs::proxier::SyncOutcome;
 use kube_proxy_rs::synthetic;
+
+#[path = "support/profiled_proxier.rs"]
+mod profiled_proxier;
+
+use profiled_proxier::KernelExec;
 
 #[global_allocator]
 static ALLOCATOR: Cap<alloc::System> = Cap::new(alloc::System, usize::MAX);
-
-/// A kernel that accepts every restore and whose nat table lists the chains of the last one.
-#[derive(Default)]
-struct KernelExec {
-    nat: Mutex<Vec<u8>>,
-}
-
-impl Exec for KernelExec {
-    fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
-        if cmd.args.iter().any(|a| a == "--version") {
-            return Ok(Output::ok("iptables v1.8.9 (legacy)\n"));
-        }
-        if cmd.program.ends_with("-save") {
-            return Ok(Output::ok(self.nat.lock().expect("lock").clone()));
-        }
-        if cmd.program.ends_with("-restore") {
-            let text = String::from_utf8_lossy(cmd.stdin.as_deref().unwrap_or_default());
-            if let Some(start) = text.find("*nat\n") {
-                let declared: String =
-                    text[start..].lines().filter(|l| l.starts_with(':')).flat_map(|l| [l, "\n"]).collect();
-                *self.nat.lock().expect("lock") = format!("*nat\n{declared}COMMIT\n").into_bytes();
-            }
-        }
-        Ok(Output::ok(""))
-    }
-}
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let per_round: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(40);
-    let family = IpFamily::V4;
-
-    let kernel = Arc::new(KernelExec::default());
-    let runner = IptablesRunner::new(
-        kernel,
-        family,
-        RunnerOptions {
-            backend: Backend::Legacy,
-            netns: None,
-            command_timeout: Duration::from_secs(60),
-            ..RunnerOptions::default()
-        },
-    );
-    let cfg = ProxierConfig {
-        render: RenderConfig {
-            family,
-            masquerade_all: false,
-            masquerade_mark: kube_proxy_rs::config::masquerade_mark(14),
-            localhost_nodeports: true,
-            local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
-            node_ip: Some("192.168.0.2".parse().expect("ip")),
-            node_port_addresses: NodePortAddresses::new(family, &[]),
-            random_fully: true,
-            conntrack_tcp_liberal: false,
-            features: kube_proxy_rs::compat::Features::default(),
-        },
-        hostname: synthetic::NODE_NAME.to_string(),
-        sync_period: Duration::from_secs(30),
-    };
-    let proxier = Arc::new(Mutex::new(Proxier::new(cfg, Arc::new(runner), Arc::new(StaticInterfaces(Vec::new())))));
-    let sync_runner =
-        BoundedFrequencyRunner::new("sync", Duration::ZERO, Duration::from_secs(3600), 2).expect("runner");
-    let handle = sync_runner.handle();
-    let recorder: Arc<dyn kube_proxy_rs::k8s::ChangeSink> = proxier.lock().expect("proxier").recorder();
-    let set = ProxierSet::new(vec![(recorder, Arc::new(move || handle.run()))]);
+    let kernel = Arc::new(KernelExec::new(None, false));
+    let (proxier, set, _sync_runner) = profiled_proxier::proxier(kernel);
 
     let mut services = ServiceEvents::default();
     let mut slices = SliceEvents::default();

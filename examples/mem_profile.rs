@@ -16,67 +16,25 @@
 #![allow(clippy::print_stdout)]
 
 use std::alloc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cap::Cap;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
-use kube_proxy_rs::daemon::runner::BoundedFrequencyRunner;
-use kube_proxy_rs::exec::{Command, Exec, ExecError, Output};
-use kube_proxy_rs::iptables::runner::{Backend, IptablesRunner, RunnerOptions};
 use kube_proxy_rs::k8s::objects::{ServiceView, SliceView, convert_event};
-use kube_proxy_rs::k8s::{ProxierSet, ServiceEvents, SliceEvents};
-use kube_proxy_rs::model::{Cidr, IpFamily};
-use kube_proxy_rs::proxier::local_detect::LocalDetector;
-use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
-use kube_proxy_rs::proxier::{Proxier, ProxierConfig, RenderConfig, StaticInterfaces, SyncOutcome};
+use kube_proxy_rs::k8s::{ServiceEvents, SliceEvents};
+use kube_proxy_rs::proxier::SyncOutcome;
 use kube_proxy_rs::synthetic::{self, ClusterShape};
+
+#[path = "support/profiled_proxier.rs"]
+mod profiled_proxier;
+
+use profiled_proxier::KernelExec;
 
 #[global_allocator]
 static ALLOCATOR: Cap<alloc::System> = Cap::new(alloc::System, usize::MAX);
-
-/// Answers the iptables runner like a kernel that accepted every restore: `*-save -t nat`
-/// prints the nat part of the last restore input, everything else succeeds. Records the
-/// live heap when a restore arrives (the payload and whatever the runner made of it are live
-/// then).
-#[derive(Default)]
-struct KernelExec {
-    nat: Mutex<Vec<u8>>,
-    at_restore: Mutex<Vec<usize>>,
-}
-
-impl Exec for KernelExec {
-    fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
-        if cmd.args.iter().any(|a| a == "--version") {
-            let mode = if nft_mode() { "nf_tables" } else { "legacy" };
-            return Ok(Output::ok(format!("iptables v1.8.9 ({mode})\n")));
-        }
-        if cmd.program.ends_with("-save") {
-            let nat = self.nat.lock().expect("lock");
-            return Ok(Output::ok(nat.clone()));
-        }
-        if cmd.program.ends_with("-restore") {
-            self.at_restore.lock().expect("lock").push(ALLOCATOR.allocated());
-            let input = cmd.stdin.as_deref().unwrap_or_default();
-            let text = String::from_utf8_lossy(input);
-            if let Some(start) = text.find("*nat\n") {
-                let mut nat = self.nat.lock().expect("lock");
-                // Keep only chain declarations: enough for the stale-chain check, and it keeps
-                // the fake kernel's own copy out of the figures as far as possible.
-                *nat = text[start..]
-                    .lines()
-                    .filter(|l| l.starts_with(':'))
-                    .flat_map(|l| [l, "\n"])
-                    .collect::<String>()
-                    .into_bytes();
-            }
-            return Ok(Output::ok(""));
-        }
-        Ok(Output::ok(""))
-    }
-}
 
 /// `--nft`: an iptables-nft node, where a large restore is split into transactions.
 fn nft_mode() -> bool {
@@ -129,7 +87,6 @@ impl Report {
 
 fn main() {
     let services: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
-    let family = IpFamily::V4;
 
     // The watch side: JSON documents as the API server sends them.
     let (svc_json, slice_json) = {
@@ -151,39 +108,8 @@ fn main() {
     reset_hwm();
     report.phase("start (JSON input held)");
 
-    let kernel = Arc::new(KernelExec::default());
-    let runner = IptablesRunner::new(
-        kernel.clone(),
-        family,
-        RunnerOptions {
-            backend: if nft_mode() { Backend::Nft } else { Backend::Legacy },
-            netns: None,
-            command_timeout: Duration::from_secs(60),
-            ..RunnerOptions::default()
-        },
-    );
-    let cfg = ProxierConfig {
-        render: RenderConfig {
-            family,
-            masquerade_all: false,
-            masquerade_mark: kube_proxy_rs::config::masquerade_mark(14),
-            localhost_nodeports: true,
-            local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
-            node_ip: Some("192.168.0.2".parse().expect("ip")),
-            node_port_addresses: NodePortAddresses::new(family, &[]),
-            random_fully: true,
-            conntrack_tcp_liberal: false,
-            features: kube_proxy_rs::compat::Features::default(),
-        },
-        hostname: synthetic::NODE_NAME.to_string(),
-        sync_period: Duration::from_secs(30),
-    };
-    let proxier = Arc::new(Mutex::new(Proxier::new(cfg, Arc::new(runner), Arc::new(StaticInterfaces(Vec::new())))));
-    let sync_runner =
-        BoundedFrequencyRunner::new("sync", Duration::ZERO, Duration::from_secs(3600), 2).expect("runner");
-    let handle = sync_runner.handle();
-    let recorder: Arc<dyn kube_proxy_rs::k8s::ChangeSink> = proxier.lock().expect("proxier").recorder();
-    let set = ProxierSet::new(vec![(recorder, Arc::new(move || handle.run()))]);
+    let kernel = Arc::new(KernelExec::new(Some(|| ALLOCATOR.allocated()), nft_mode()));
+    let (proxier, set, _sync_runner) = profiled_proxier::proxier(kernel.clone());
     report.phase("proxier created");
 
     let mut svc_events = ServiceEvents::default();

@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Service;
 use kube_proxy_rs::compat::{Features, Release};
 use kube_proxy_rs::exec::RealExec;
 use kube_proxy_rs::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
@@ -144,13 +145,7 @@ fn stale_udp_entries_are_deleted_and_live_ones_kept() {
     assert_eq!(remaining_flows(&ns), all, "inserted entries");
 
     // State before: dns with two endpoints, late without any, gone with one.
-    let dns = svc("ns1", "dns")
-        .type_("LoadBalancer")
-        .cluster_ip(DNS_CLUSTER_IP)
-        .external_ips(&[DNS_EXTERNAL_IP])
-        .port("dns", "UDP", 53, i32::from(DNS_NODE_PORT))
-        .lb_ingress(&[DNS_LB_IP])
-        .build();
+    let dns = dns_service();
     let late = svc("ns1", "late")
         .type_("NodePort")
         .cluster_ip(LATE_CLUSTER_IP)
@@ -263,16 +258,22 @@ fn remaining_all(ns: &Netns) -> BTreeSet<u16> {
         .collect()
 }
 
-/// The maps after dns lost REMOVED_EP (KEPT_EP serving on EP_PORT) and quiet has only a
-/// terminating, not serving endpoint.
-fn reconcile_maps(release: Release) -> (ServicePortMap, EndpointsMap) {
-    let dns = svc("ns1", "dns")
+/// The UDP LoadBalancer both tests use: a cluster IP, an external IP, a node port and a
+/// load-balancer IP, so every kind of frontend has flows.
+fn dns_service() -> Service {
+    svc("ns1", "dns")
         .type_("LoadBalancer")
         .cluster_ip(DNS_CLUSTER_IP)
         .external_ips(&[DNS_EXTERNAL_IP])
         .port("dns", "UDP", 53, i32::from(DNS_NODE_PORT))
         .lb_ingress(&[DNS_LB_IP])
-        .build();
+        .build()
+}
+
+/// The maps after dns lost REMOVED_EP (KEPT_EP serving on EP_PORT) and quiet has only a
+/// terminating, not serving endpoint.
+fn reconcile_maps(release: Release) -> (ServicePortMap, EndpointsMap) {
+    let dns = dns_service();
     let quiet = svc("ns1", "quiet").cluster_ip(QUIET_CLUSTER_IP).udp("dns", 53).build();
     let dns_slice = slice("ns1", "dns", "dns-1").udp("dns", i32::from(EP_PORT)).endpoint(ep(KEPT_EP)).build();
     let quiet_slice =

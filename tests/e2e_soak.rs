@@ -38,6 +38,7 @@ use crate::support::e2e::{
     topology,
 };
 use crate::support::netns::Netns;
+use crate::support::rng::Rng;
 use crate::support::{canonical_rules, line_diff};
 
 const HOST: &str = "node-soak";
@@ -65,36 +66,6 @@ struct SoakPlan {
     seed: u64,
     checkpoint_every: Duration,
     fault_every: Duration,
-}
-
-/// xorshift64*: small, seeded, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng((seed ^ 0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn percent(&mut self, p: usize) -> bool {
-        self.below(100) < p
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
 }
 
 /// The kinds of Service the churn creates.
@@ -194,10 +165,10 @@ fn build_slice(rng: &mut Rng, slot: usize, k: usize, variant: Variant) -> Endpoi
             Variant::Ipv6 => format!("fd00:19:{slot:x}::{h:x}"),
             _ => format!("198.19.{}.{h}", slot + 1),
         };
-        let node = if rng.percent(50) { HOST } else { OTHER_NODE };
+        let node = if rng.chance(50) { HOST } else { OTHER_NODE };
         let zone = *rng.pick(&ZONES);
         let mut e = ep(&ip).node(node).zone(zone);
-        if variant == Variant::Topology && rng.percent(85) {
+        if variant == Variant::Topology && rng.chance(85) {
             e = e.hints(&[*rng.pick(&ZONES)]);
         }
         match rng.below(20) {
@@ -271,8 +242,8 @@ impl Churn {
             variant,
             service: true,
             port: 80 + self.rng.below(4) as i32,
-            affinity: self.rng.percent(20),
-            source_ranges: self.rng.percent(50),
+            affinity: self.rng.chance(20),
+            source_ranges: self.rng.chance(50),
             slices: [true, old_slices[1]],
         };
         put(server, &build_service(slot, &state));
@@ -287,7 +258,7 @@ impl Churn {
     }
 
     fn delete_service(&mut self, server: &ApiServer, slot: usize) {
-        let keep_slices = self.rng.percent(20);
+        let keep_slices = self.rng.chance(20);
         let state = self.slots[slot].as_mut().expect("live slot");
         server.delete_named(Kind::Service, &slot_ns(slot), &slot_name(slot));
         state.service = false;

@@ -11,26 +11,7 @@ use kube_proxy_rs::model::IpFamily;
 use kube_proxy_rs::tracker::testing::{Ep, ep, node, slice, svc};
 
 use crate::support::harness::{TEST_NODE_NAME, TestProxier};
-
-/// xorshift64*: a tiny deterministic generator, so failures replay from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use crate::support::rng::Rng;
 
 /// The randomised cluster: services by index, each with up to two slices.
 #[derive(Clone, Default)]
@@ -137,13 +118,11 @@ fn random_slice(rng: &mut Rng, i: usize, part: usize, family: IpFamily) -> Endpo
             _ => {}
         }
         if rng.chance(50) {
-            e = e
-                .zone(["zone-a", "zone-b"][rng.below(2) as usize])
-                .hints(&[["zone-a", "zone-b"][rng.below(2) as usize]]);
+            e = e.zone(["zone-a", "zone-b"][rng.below(2)]).hints(&[["zone-a", "zone-b"][rng.below(2)]]);
         }
         // Node hints count from 1.34 on (PreferSameNode).
         if rng.chance(40) {
-            e = e.node_hints(&[[TEST_NODE_NAME, "other-node"][rng.below(2) as usize]]);
+            e = e.node_hints(&[[TEST_NODE_NAME, "other-node"][rng.below(2)]]);
         }
         s = s.endpoint(e);
     }
@@ -155,7 +134,7 @@ fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: Ip
     match rng.below(10) {
         // Add or replace a service.
         0..=2 => {
-            let i = rng.below(max_services as u64) as usize;
+            let i = rng.below(max_services);
             let new = random_service(rng, i, family);
             match cluster.services.insert(i, new.clone()) {
                 Some(old) => fp.update_service(&old, &new),
@@ -164,7 +143,7 @@ fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: Ip
         }
         // Delete a service.
         3 => {
-            let pick = rng.below(cluster.services.len().max(1) as u64) as usize;
+            let pick = rng.below(cluster.services.len().max(1));
             if let Some(i) = cluster.services.keys().nth(pick).copied()
                 && let Some(old) = cluster.services.remove(&i)
             {
@@ -173,15 +152,15 @@ fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: Ip
         }
         // Add or replace a slice.
         4..=7 => {
-            let i = rng.below(max_services as u64) as usize;
-            let part = rng.below(2) as usize;
+            let i = rng.below(max_services);
+            let part = rng.below(2);
             let new = random_slice(rng, i, part, family);
             cluster.slices.insert((i, part), new.clone());
             fp.add_slices(&[new]);
         }
         // Delete a slice.
         8 => {
-            let pick = rng.below(cluster.slices.len().max(1) as u64) as usize;
+            let pick = rng.below(cluster.slices.len().max(1));
             if let Some(k) = cluster.slices.keys().nth(pick).copied()
                 && let Some(old) = cluster.slices.remove(&k)
             {
@@ -190,7 +169,7 @@ fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: Ip
         }
         // The node moves zone (forces a full sync).
         _ => {
-            cluster.zone = ["zone-a", "zone-b"][rng.below(2) as usize].to_string();
+            cluster.zone = ["zone-a", "zone-b"][rng.below(2)].to_string();
             fp.set_node(&node(TEST_NODE_NAME, &[("topology.kubernetes.io/zone", &cluster.zone)], &[], &[]));
         }
     }
@@ -218,7 +197,7 @@ fn full_sync_of(
 }
 
 fn run_invariant(seed: u64, family: IpFamily, release: Release, steps: usize, large: bool) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::with_state(seed);
     let mut cluster = Cluster::default();
     let mut fp = TestProxier::with_release(family, release);
     // Large-cluster mode: one big service pushes the total over the threshold.

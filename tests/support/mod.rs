@@ -10,6 +10,7 @@ pub mod e2e;
 pub mod harness;
 pub mod netns;
 pub mod poll;
+pub mod rng;
 
 /// Asserts two iptables-restore texts are equal, printing a line diff on failure.
 #[track_caller]
