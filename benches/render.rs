@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kube_proxy_rs::iptables::save::chains_from_table;
+use kube_proxy_rs::iptables::{Layout, RestoreInput};
 use kube_proxy_rs::model::chains::NatChains;
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
@@ -93,8 +94,8 @@ fn main() {
             };
             let t = Instant::now();
             let r = render::render(&cfg, &input, &RenderState::default());
+            bytes = written_bytes(&r);
             times.push(t.elapsed());
-            bytes = r.payload.len();
         }
         println!("| {services} | {} | {:.1} | {:.1} |", services * 10, ms(median(times)), bytes as f64 / 1e6);
         if services == 10_000 {
@@ -113,13 +114,14 @@ fn main() {
         existing_nat_chains: None,
         nfacct: Default::default(),
     };
-    let mut full = render::render(&cfg, &input, &RenderState::default());
-    let mut state = RenderState::default();
-    state.commit(&mut full);
-    let full_bytes = full.payload.len();
+    let full = render::render(&cfg, &input, &RenderState::default());
+    let full_bytes = written_bytes(&full);
+    let full_payload = full.payload();
     let mut existing =
-        NatChains::from_names(chains_from_table(full.payload.split("*nat").nth(1).unwrap_or("").as_bytes()));
-    drop(full);
+        NatChains::from_names(chains_from_table(full_payload.split("*nat").nth(1).unwrap_or("").as_bytes()));
+    drop(full_payload);
+    let mut state = RenderState::default();
+    state.commit(full.into_outcome());
 
     let mut times = Vec::new();
     let mut render_times = Vec::new();
@@ -143,7 +145,8 @@ fn main() {
             nfacct: Default::default(),
         };
         let t_render = Instant::now();
-        let mut r = render::render(&cfg, &input, &state);
+        let r = render::render(&cfg, &input, &state);
+        partial_bytes = written_bytes(&r);
         render_times.push(t_render.elapsed());
         if std::env::var_os("BENCH_PROFILE_PARTIAL").is_some() {
             for _ in 0..40 {
@@ -157,10 +160,10 @@ fn main() {
             eprintln!("partial render without stale-chain cleanup: {:.2} ms", ms(t.elapsed()));
         }
         times.push(t.elapsed());
-        partial_bytes = r.payload.len();
-        state.commit(&mut r);
+        let mut outcome = r.into_outcome();
         // What the kernel holds now: the chains in use (stale ones were deleted).
-        existing = NatChains::from_keys(std::mem::take(&mut r.active_nat_chains));
+        existing = NatChains::from_keys(std::mem::take(&mut outcome.active_nat_chains));
+        state.commit(outcome);
     }
     println!();
     println!(
@@ -197,4 +200,22 @@ fn main() {
         ms(median(times))
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes the render's restore input as the daemon does (into iptables-restore's stdin;
+/// here, a byte counter) and returns its size: part of what a render costs.
+fn written_bytes(rendered: &render::Rendered<'_>) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    rendered.write_to(Layout::Canonical, &mut counter).expect("counting cannot fail");
+    counter.0
 }

@@ -1,5 +1,5 @@
 //! Applies a restore input to a network namespace the way the daemon's first sync does on
-//! iptables-nft (split into pieces by `restore_plan`), and reports the time per budget:
+//! iptables-nft (reordered and cut into pieces by `restore_plan`), and reports the time per budget:
 //! the tool used to choose `restore_plan::DEFAULT_BUDGET` (docs/performance.md).
 //!
 //!     cargo run --release --example split_restore -- PAYLOAD NETNS BUDGET [RESTORE_BIN]
@@ -32,30 +32,33 @@ fn main() {
         std::process::exit(2);
     });
     let started = Instant::now();
-    let texts: Vec<Vec<u8>> = match restore_plan::split(&data, budget) {
-        Some(plan) => plan.pieces.iter().map(|p| plan.text(p)).collect(),
-        None => vec![data.clone()],
-    };
+    let mut ordered = Vec::new();
+    if let Err(e) = restore_plan::write_dependency_ordered(&data, &mut ordered) {
+        eprintln!("{payload}: {e}");
+        std::process::exit(1);
+    }
     let planned = started.elapsed();
     let mut slowest = Duration::ZERO;
-    for (i, text) in texts.iter().enumerate() {
+    let mut cutter = restore_plan::Cutter::new(budget, |piece: &restore_plan::Piece<'_>| {
         let t = Instant::now();
         let mut child = Command::new("ip")
             .args(["netns", "exec", netns, restore_bin, "--noflush", "--counters"])
             .stdin(Stdio::piped())
             .spawn()
             .expect("spawn restore");
-        child.stdin.take().expect("stdin").write_all(text).expect("write piece");
+        child.stdin.take().expect("stdin").write_all(piece.text).expect("write piece");
         let status = child.wait().expect("wait restore");
         if !status.success() {
-            eprintln!("piece {i} failed");
+            eprintln!("the piece starting at line {} failed", piece.input_line(1));
             std::process::exit(1);
         }
         slowest = slowest.max(t.elapsed());
-    }
+        Ok(())
+    });
+    cutter.write_all(&ordered).expect("cut");
+    let pieces = cutter.finish().expect("cut");
     println!(
-        "budget {budget}: {} pieces, total {:.2} s (planning {:.2} s), slowest piece {:.2} s",
-        texts.len(),
+        "budget {budget}: {pieces} pieces, total {:.2} s (ordering {:.2} s), slowest piece {:.2} s",
         started.elapsed().as_secs_f64(),
         planned.as_secs_f64(),
         slowest.as_secs_f64()

@@ -15,6 +15,7 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::process::{Child, ExitStatus, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 #[cfg(any(test, feature = "testing"))]
 use std::sync::{Mutex, PoisonError};
 use std::thread;
@@ -159,14 +160,31 @@ pub enum ExecError {
     Unexpected { command: String, reason: String },
 }
 
+/// Writes a child's stdin while it runs (see [`Exec::run_feeding`]).
+pub type Feed<'f> = &'f (dyn Fn(&mut dyn Write) -> io::Result<()> + Sync);
+
 /// Runs commands to completion.
 pub trait Exec: Send + Sync {
     fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError>;
+
+    /// Runs `cmd` with stdin written by `feed` while the child runs (`cmd.stdin` is not
+    /// used), so a large input never exists in memory as a whole. When `feed` fails (other
+    /// than by the child closing its stdin), the child is killed before it sees the end of
+    /// its input, and the error is returned. The default collects the input first.
+    fn run_feeding(&self, cmd: &Command<'_>, feed: Feed<'_>) -> Result<Output, ExecError> {
+        let mut data = Vec::new();
+        feed(&mut data).map_err(|source| ExecError::Io { program: cmd.program.clone(), source })?;
+        self.run(&cmd.clone().stdin(data))
+    }
 }
 
 impl<T: Exec + ?Sized> Exec for Arc<T> {
     fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
         (**self).run(cmd)
+    }
+
+    fn run_feeding(&self, cmd: &Command<'_>, feed: Feed<'_>) -> Result<Output, ExecError> {
+        (**self).run_feeding(cmd, feed)
     }
 }
 
@@ -176,52 +194,81 @@ pub struct RealExec;
 
 impl Exec for RealExec {
     fn run(&self, cmd: &Command<'_>) -> Result<Output, ExecError> {
-        let started = Instant::now();
-        let mut child = std::process::Command::new(&cmd.program)
-            .args(&cmd.args)
-            .stdin(if cmd.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| match source.kind() {
-                io::ErrorKind::NotFound => ExecError::NotFound { program: cmd.program.clone() },
-                _ => ExecError::Spawn { program: cmd.program.clone(), source },
-            })?;
+        match cmd.stdin.as_deref() {
+            Some(data) => spawn_and_wait(cmd, Some(&|out: &mut dyn Write| out.write_all(data))),
+            None => spawn_and_wait(cmd, None),
+        }
+    }
 
-        let io_err = |source: io::Error| ExecError::Io { program: cmd.program.clone(), source };
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
+    fn run_feeding(&self, cmd: &Command<'_>, feed: Feed<'_>) -> Result<Output, ExecError> {
+        spawn_and_wait(cmd, Some(feed))
+    }
+}
 
-        // Feed stdin and drain both pipes on their own threads so that a child blocked on a
-        // full pipe can never deadlock against us.
-        let (status, stdout, stderr) = thread::scope(|scope| {
-            let writer = stdin.zip(cmd.stdin.as_deref()).map(|(mut pipe, data)| {
-                scope.spawn(move || match pipe.write_all(data) {
-                    // The child may exit without reading everything (e.g. on a parse error).
-                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-                    other => other,
-                })
-            });
-            let out_reader = stdout.map(|pipe| scope.spawn(move || read_all(pipe)));
-            let err_reader = stderr.map(|pipe| scope.spawn(move || read_all(pipe)));
-
-            let status = wait(&mut child, cmd);
-            let joined = |h: Option<thread::ScopedJoinHandle<'_, io::Result<Vec<u8>>>>| {
-                h.map(|h| h.join().unwrap_or_else(|_| Err(io::Error::other("pipe reader panicked"))))
-                    .unwrap_or_else(|| Ok(Vec::new()))
-            };
-            let stdout = joined(out_reader);
-            let stderr = joined(err_reader);
-            if let Some(w) = writer {
-                w.join().unwrap_or_else(|_| Err(io::Error::other("stdin writer panicked"))).map_err(io_err)?;
-            }
-            Ok::<_, ExecError>((status?, stdout.map_err(io_err)?, stderr.map_err(io_err)?))
+fn spawn_and_wait(cmd: &Command<'_>, feed: Option<Feed<'_>>) -> Result<Output, ExecError> {
+    let started = Instant::now();
+    let mut child = std::process::Command::new(&cmd.program)
+        .args(&cmd.args)
+        .stdin(if feed.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => ExecError::NotFound { program: cmd.program.clone() },
+            _ => ExecError::Spawn { program: cmd.program.clone(), source },
         })?;
 
-        tracing::trace!(command = %cmd, status = ?status.code(), elapsed = ?started.elapsed(), "command finished");
-        Ok(Output { status: status.code(), stdout, stderr })
-    }
+    let io_err = |source: io::Error| ExecError::Io { program: cmd.program.clone(), source };
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // Set by the stdin writer when its input failed: the child must not see an end of input
+    // (it would apply what it got), so the waiter kills it.
+    let feed_failed = AtomicBool::new(false);
+
+    // Feed stdin and drain both pipes on their own threads so that a child blocked on a
+    // full pipe can never deadlock against us.
+    let (status, stdout, stderr) = thread::scope(|scope| {
+        let feed_failed = &feed_failed;
+        let writer = stdin.zip(feed).map(|(pipe, feed)| {
+            scope.spawn(move || {
+                let mut pipe = io::BufWriter::with_capacity(64 * 1024, pipe);
+                match feed(&mut pipe).and_then(|()| pipe.flush()) {
+                    // The child may exit without reading everything (e.g. on a parse error).
+                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => (Ok(()), None),
+                    Err(e) => {
+                        feed_failed.store(true, Ordering::SeqCst);
+                        // The pipe goes back to the waiter, open (no end of input), and is
+                        // closed only after the child is killed.
+                        (Err(e), Some(pipe.into_parts().0))
+                    }
+                    Ok(()) => (Ok(()), None),
+                }
+            })
+        });
+        let out_reader = stdout.map(|pipe| scope.spawn(move || read_all(pipe)));
+        let err_reader = stderr.map(|pipe| scope.spawn(move || read_all(pipe)));
+
+        let status = wait(&mut child, cmd, writer.is_some().then_some(feed_failed));
+        // The stdin pipe closes first: a process the child left behind may hold its output
+        // pipes until its input ends.
+        let fed = writer.map(|w| {
+            let (fed, pipe) = w.join().unwrap_or_else(|_| (Err(io::Error::other("stdin writer panicked")), None));
+            drop(pipe);
+            fed
+        });
+        let joined = |h: Option<thread::ScopedJoinHandle<'_, io::Result<Vec<u8>>>>| {
+            h.map(|h| h.join().unwrap_or_else(|_| Err(io::Error::other("pipe reader panicked"))))
+                .unwrap_or_else(|| Ok(Vec::new()))
+        };
+        let stdout = joined(out_reader);
+        let stderr = joined(err_reader);
+        fed.transpose().map_err(io_err)?;
+        Ok::<_, ExecError>((status?, stdout.map_err(io_err)?, stderr.map_err(io_err)?))
+    })?;
+
+    tracing::trace!(command = %cmd, status = ?status.code(), elapsed = ?started.elapsed(), "command finished");
+    Ok(Output { status: status.code(), stdout, stderr })
 }
 
 fn read_all(mut pipe: impl Read) -> io::Result<Vec<u8>> {
@@ -230,13 +277,13 @@ fn read_all(mut pipe: impl Read) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Waits for `child`, killing it when `cmd.timeout` expires.
-fn wait(child: &mut Child, cmd: &Command<'_>) -> Result<ExitStatus, ExecError> {
+/// Waits for `child`, killing it when `cmd.timeout` expires or `feed_failed` is set.
+fn wait(child: &mut Child, cmd: &Command<'_>, feed_failed: Option<&AtomicBool>) -> Result<ExitStatus, ExecError> {
     let io_err = |source: io::Error| ExecError::Io { program: cmd.program.clone(), source };
-    let Some(timeout) = cmd.timeout else {
+    if cmd.timeout.is_none() && feed_failed.is_none() {
         return child.wait().map_err(io_err);
-    };
-    let deadline = Instant::now() + timeout;
+    }
+    let deadline = cmd.timeout.map(|timeout| (Instant::now() + timeout, timeout));
     // Poll with a short, growing interval: iptables commands usually finish in a few
     // milliseconds, and this keeps the latency we add small without a helper thread.
     let mut pause = Duration::from_millis(1);
@@ -244,14 +291,21 @@ fn wait(child: &mut Child, cmd: &Command<'_>) -> Result<ExitStatus, ExecError> {
         if let Some(status) = child.try_wait().map_err(io_err)? {
             return Ok(status);
         }
+        if feed_failed.is_some_and(|failed| failed.load(Ordering::SeqCst)) {
+            let _ = child.kill();
+            return child.wait().map_err(io_err);
+        }
         let now = Instant::now();
-        if now >= deadline {
+        if let Some((deadline, timeout)) = deadline
+            && now >= deadline
+        {
             // Kill and reap; a failure to kill means it exited in between, which is fine.
             let _ = child.kill();
             let _ = child.wait();
             return Err(ExecError::TimedOut { program: cmd.program.clone(), timeout });
         }
-        thread::sleep(pause.min(deadline - now));
+        let left = deadline.map_or(Duration::from_millis(20), |(deadline, _)| deadline - now);
+        thread::sleep(pause.min(left));
         pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
@@ -398,6 +452,63 @@ mod tests {
         let out = RealExec.run(&Command::new("cat").stdin(data.clone())).expect("runs");
         assert!(out.success());
         assert_eq!(out.stdout, data);
+    }
+
+    #[test]
+    fn real_exec_streams_a_feed_while_the_child_runs() {
+        // Far larger than a pipe buffer, written in small pieces.
+        let feed = |out: &mut dyn Write| {
+            for i in 0..200_000u32 {
+                writeln!(out, "line {i}")?;
+            }
+            Ok(())
+        };
+        let out = RealExec.run_feeding(&Command::new("wc").arg("-l"), &feed).expect("runs");
+        assert!(out.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "200000");
+    }
+
+    #[test]
+    fn real_exec_kills_the_child_when_its_feed_fails() {
+        // The child leaves a mark once its input ends: a failed feed must not end it (the
+        // child would act on half an input).
+        let mark = std::env::temp_dir().join(format!("kpr-feed-{}", std::process::id()));
+        let _ = std::fs::remove_file(&mark);
+        let feed = |out: &mut dyn Write| {
+            out.write_all(&vec![b'x'; 200_000])?;
+            out.flush()?;
+            Err(io::Error::other("the input could not be written"))
+        };
+        let script = format!("cat >/dev/null; touch {}", mark.display());
+        let cmd = Command::new("sh").args(["-c", script.as_str()]).timeout(Duration::from_secs(20));
+        let started = Instant::now();
+        let err = RealExec.run_feeding(&cmd, &feed).expect_err("the feed's error");
+        assert!(err.to_string().contains("the input could not be written"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "killed, not timed out");
+        thread::sleep(Duration::from_millis(200));
+        assert!(!mark.exists(), "the child saw the end of its input");
+    }
+
+    #[test]
+    fn a_child_exiting_early_ends_the_feed_without_error() {
+        let feed = |out: &mut dyn Write| {
+            for _ in 0..1_000 {
+                out.write_all(&[b'y'; 4096])?;
+            }
+            Ok(())
+        };
+        let out = RealExec.run_feeding(&Command::new("head").args(["-c", "10"]), &feed).expect("broken pipe is fine");
+        assert!(out.success());
+        assert_eq!(out.stdout, b"yyyyyyyyyy");
+    }
+
+    #[test]
+    fn fake_exec_records_a_feed_as_stdin() {
+        let fake = FakeExec::new();
+        fake.expect("cat", Output::ok(""));
+        fake.run_feeding(&Command::new("cat"), &|out: &mut dyn Write| out.write_all(b"*nat\nCOMMIT\n"))
+            .expect("scripted");
+        assert_eq!(fake.calls()[0].stdin_text(), "*nat\nCOMMIT\n");
     }
 
     #[test]

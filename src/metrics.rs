@@ -718,7 +718,7 @@ mod tests {
     fn report(full: bool, result: std::result::Result<(), SyncError>) -> SyncReport {
         SyncReport {
             full,
-            payload: String::new(),
+            payload: None,
             stats: RenderStats {
                 filter_rules: 7,
                 filter_rules_total: 7,
@@ -741,7 +741,12 @@ mod tests {
 
     fn restore_error() -> SyncError {
         SyncError::Restore {
-            source: IptablesError::RestoreLine { command: "iptables-restore".into(), line: 3, output: "bad".into() },
+            source: IptablesError::RestoreLine {
+                command: "iptables-restore".into(),
+                line: 3,
+                output: "bad".into(),
+                context: String::new(),
+            },
             context: String::new(),
         }
     }

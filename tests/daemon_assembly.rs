@@ -246,11 +246,11 @@ impl Iptables for SlowIptables {
         self.inner.restore(table, data, flush, counters)
     }
     fn restore_all(&self, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> IptResult<()> {
-        self.restore_all_in_steps(data, flush, counters, &mut || {})
+        self.restore_input(&data, flush, counters, &mut || {})
     }
-    fn restore_all_in_steps(
+    fn restore_input(
         &self,
-        data: &[u8],
+        input: &dyn kube_proxy_rs::iptables::RestoreInput,
         flush: FlushFlag,
         counters: RestoreCounters,
         on_step: &mut dyn FnMut(),
@@ -266,7 +266,7 @@ impl Iptables for SlowIptables {
                 on_step();
             }
         }
-        let result = self.inner.restore_all(data, flush, counters);
+        let result = self.inner.restore_input(input, flush, counters, &mut || {});
         self.restoring.store(false, std::sync::atomic::Ordering::SeqCst);
         result
     }

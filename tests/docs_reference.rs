@@ -252,7 +252,7 @@ fn exercised_metrics(release: Release) -> Metrics {
     m.livez_answered(200);
     let mut sync = SyncReport {
         full: true,
-        payload: String::new(),
+        payload: None,
         stats: RenderStats { nat_rules: 3, filter_rules: 1, ..RenderStats::default() },
         service_update: ServiceUpdateResult::default(),
         endpoints_update: EndpointsUpdateResult::default(),
@@ -274,6 +274,7 @@ fn exercised_metrics(release: Release) -> Metrics {
             command: "iptables-restore".into(),
             line: 1,
             output: String::new(),
+            context: String::new(),
         },
         context: String::new(),
     });

@@ -141,7 +141,9 @@ async fn run_daemon(
     // KUBE-SERVICES last, so no chain probe tells earlier that every service is reachable).
     let last = services - 1;
     let last_chain = endpoint_chain(last, &synthetic::slice(last, ENDPOINTS, 0).endpoints[0].addresses[0]);
-    let limit = Duration::from_secs(1800);
+    // 10k services take 20 s on nft (735 s before the split restore): a guard run that hangs
+    // must not hold CI for long.
+    let limit = Duration::from_secs(60 + services as u64 / 5);
     let full_sync_done = |log: &str| sync_phases(log).iter().any(|p| p.full && p.bytes > 100_000);
     while !full_sync_done(&daemon.log_text()) {
         assert!(started.elapsed() < limit, "not programmed within {limit:?}\n{}", daemon.log_text());
@@ -268,7 +270,7 @@ async fn scale_regression_guard() {
     let dir = TempDir::new("scale");
     let run = run_daemon(&node_ns, &server, &dir, Backend::Nft, services, 3).await;
     assert!(run.log.contains("backend=nft"), "{}", run.log);
-    assert!(run.log.contains("restoring in pieces") || run.log.contains("sync complete"), "{}", run.log);
+    assert!(run.log.contains("restored in pieces"), "the first sync was applied in pieces: {}", run.log);
     assert!(nat_reads(&run.save_calls).is_empty(), "the nat table was read whole: {}", run.save_calls);
     let phases = sync_phases(&run.log);
     assert!(phases.iter().any(|p| p.full), "a full sync was logged: {}", run.log);

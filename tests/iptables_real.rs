@@ -198,7 +198,8 @@ fn new_proxier(ipt: Arc<dyn Iptables>) -> Proxier {
         hostname: NODE_NAME.into(),
         sync_period: Duration::from_secs(30),
     };
-    let proxier = Proxier::new(cfg, ipt, Arc::new(StaticInterfaces(vec!["198.18.255.1".parse().expect("ip")])));
+    let proxier = Proxier::new(cfg, ipt, Arc::new(StaticInterfaces(vec!["198.18.255.1".parse().expect("ip")])))
+        .with_payload_recording();
     proxier.on_services_synced();
     proxier.on_endpoint_slices_synced();
     proxier
@@ -209,7 +210,7 @@ fn sync(proxier: &mut Proxier, now: Instant) -> SyncReport {
     match proxier.sync(now) {
         SyncOutcome::Synced(report) => {
             if let Err(e) = &report.result {
-                panic!("sync failed: {e}\npayload:\n{}", report.payload);
+                panic!("sync failed: {e}\npayload:\n{}", report.payload.as_deref().unwrap_or_default());
             }
             *report
         }
@@ -349,7 +350,10 @@ fn proxier_full_and_partial_syncs_on_real_iptables() {
         now += Duration::from_secs(1);
         let report = sync(&mut proxier, now);
         assert!(!report.full, "{backend_name}: second sync is partial");
-        assert!(!report.payload.contains("ns1/np:p80"), "{backend_name}: partial payload skips unchanged services");
+        assert!(
+            !report.payload.as_deref().expect("recorded").contains("ns1/np:p80"),
+            "{backend_name}: partial payload skips unchanged services"
+        );
         let after = chain_rules(ipt.as_ref(), Table::Nat);
         let changed: Vec<&String> = before
             .keys()
@@ -541,7 +545,7 @@ fn failed_restore_is_reported_with_context_and_retried_full() {
 }
 
 #[test]
-fn split_restore_maps_failures_to_original_lines_and_reports_steps() {
+fn split_restore_reports_failing_lines_with_context_and_steps() {
     require_root!();
     let ns = Netns::create("split");
     let ipt = ns.runner_with(
@@ -551,16 +555,22 @@ fn split_restore_maps_failures_to_original_lines_and_reports_steps() {
     let data =
         "*nat\n:KUBE-A - [0:0]\n:KUBE-B - [0:0]\n-A KUBE-B -d 198.18.0.1/32 -j KUBE-A\n-A KUBE-A -j RETURN\nCOMMIT\n";
     let mut steps = 0;
-    ipt.restore_all_in_steps(data.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters, &mut || steps += 1)
+    ipt.restore_input(&data.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters, &mut || steps += 1)
         .expect("restore");
     assert_eq!(steps, 2, "one transaction per chain, leaf first");
     let nat = chain_rules(&ipt, Table::Nat);
     assert_eq!(nat["KUBE-B"], ["-d 198.18.0.1/32 -j KUBE-A"]);
 
-    // The bad rule is in the second piece; its line in the original input is reported.
+    // The bad rule is in the second piece; its line in the input as applied (chains in
+    // dependency order, declarations next to their rules) is reported, with its text.
     let data = "*nat\n:KUBE-C - [0:0]\n:KUBE-D - [0:0]\n-A KUBE-C -j RETURN\n-A KUBE-D --bogus-option\nCOMMIT\n";
     let err = ipt.restore_all(data.as_bytes(), FlushFlag::NoFlush, RestoreCounters::Counters).expect_err("bad");
     assert_eq!(err.restore_line(), Some(5), "{err}");
+    let context = err.restore_context().expect("context");
+    assert!(context.contains("> 5 | -A KUBE-D --bogus-option"), "{context}");
+    assert!(context.contains("  4 | :KUBE-D - [0:0]"), "{context}");
+    let nat = chain_rules(&ipt, Table::Nat);
+    assert!(nat.contains_key("KUBE-C") && !nat.contains_key("KUBE-D"), "the first piece applied, the failed one not");
 }
 
 #[test]

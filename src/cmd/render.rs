@@ -179,6 +179,7 @@ pub(crate) fn render_snapshots_with(
     // The accounting objects exist (releases 1.31 and later name them in their rules), as
     // upstream's unit tests assume and as a node with nfacct support has them.
     let mut proxier = Proxier::new(cfg, kernel, Arc::new(StaticInterfaces(interface_addrs)))
+        .with_payload_recording()
         .with_nfacct(Arc::new(crate::node::nfacct::FakeNfacct::new()));
 
     // Snapshots are taken to arrive a sync period apart, so large-cluster mode also cleans
@@ -202,7 +203,7 @@ pub(crate) fn render_snapshots_with(
                     return Err(RenderCmdError::Sync { sync: i + 1, reason: e.to_string() });
                 }
                 writeln!(out, "# sync {}: {}", i + 1, if report.full { "full" } else { "partial" })?;
-                out.write_all(report.payload.as_bytes())?;
+                out.write_all(report.payload.as_deref().unwrap_or_default().as_bytes())?;
             }
         }
         previous = snapshot;

@@ -51,7 +51,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::{FlushFlag, Iptables, IptablesError, RestoreCounters, Result, RulePosition, Table};
+use super::{FlushFlag, Iptables, IptablesError, Layout, RestoreCounters, RestoreInput, Result, RulePosition, Table};
 use crate::model::IpFamily;
 
 const ALL_TABLES: [Table; 3] = [Table::Filter, Table::Nat, Table::Mangle];
@@ -131,6 +131,8 @@ struct Inner {
     fail_restores_containing: Vec<String>,
     has_random_fully: bool,
     present: bool,
+    /// Like the runner on iptables-nft: `--noflush` inputs go in pieces of this cost.
+    split_budget: Option<u64>,
 }
 
 type Tables = BTreeMap<Table, TableState>;
@@ -197,6 +199,7 @@ impl FakeIptables {
                 fail_restores_containing: Vec::new(),
                 has_random_fully: false,
                 present: true,
+                split_budget: None,
             }),
         }
     }
@@ -246,6 +249,14 @@ impl FakeIptables {
     /// Sets what [`Iptables::has_random_fully`] answers.
     pub fn set_has_random_fully(&self, value: bool) {
         self.lock().has_random_fully = value;
+    }
+
+    /// Applies `--noflush` inputs the way the runner does on iptables-nft: in dependency
+    /// order, cut into transactions of at most `budget` (see [`super::restore_plan`]); with a
+    /// budget of 1, each chain is its own transaction, so a chain written before a chain it
+    /// jumps to fails as it would in the kernel.
+    pub fn set_split_budget(&self, budget: Option<u64>) {
+        self.lock().split_budget = budget;
     }
 
     /// Sets what [`Iptables::present`] answers (other operations are unaffected).
@@ -359,6 +370,7 @@ impl FakeIptables {
             command: self.restore_command().to_string(),
             line,
             output: message,
+            context: super::save::format_line_context(data, line, 3),
         };
 
         let lines = split_lines(data);
@@ -459,6 +471,7 @@ impl FakeIptables {
                     command: self.restore_command().to_string(),
                     line,
                     output: format!("scripted failure: input contains {text:?}"),
+                    context: super::save::format_line_context(data, line, 3),
                 });
             }
         }
@@ -575,6 +588,27 @@ impl Iptables for FakeIptables {
 
     fn restore_all(&self, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> Result<()> {
         self.restore_internal(None, data, flush, counters)
+    }
+
+    fn restore_input(
+        &self,
+        input: &dyn RestoreInput,
+        flush: FlushFlag,
+        counters: RestoreCounters,
+        on_step: &mut dyn FnMut(),
+    ) -> Result<()> {
+        let budget = self.lock().split_budget.filter(|_| flush == FlushFlag::NoFlush);
+        if let Some(budget) = budget {
+            let restore_piece = &mut |piece: &[u8]| self.restore_internal(None, piece, flush, counters);
+            if super::restore_plan::apply_in_pieces(input, budget, restore_piece, on_step)? {
+                return Ok(());
+            }
+        }
+        let text = super::input_text(input, Layout::Canonical)
+            .map_err(|e| IptablesError::Input { command: self.restore_command().into(), reason: e.to_string() })?;
+        self.restore_internal(None, &text, flush, counters)?;
+        on_step();
+        Ok(())
     }
 
     fn has_random_fully(&self) -> bool {

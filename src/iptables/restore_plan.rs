@@ -1,5 +1,5 @@
-//! Splitting one large `iptables-restore --noflush` input into a sequence of smaller ones
-//! that iptables-nft applies in seconds rather than minutes, with the same end state.
+//! Applying one large `iptables-restore --noflush` input as a sequence of smaller ones that
+//! iptables-nft applies in seconds rather than minutes, with the same end state.
 //!
 //! Why: with `--noflush`, iptables-nft (1.8.9 through 1.8.13) inserts every chain name a
 //! command mentions into a sorted linked list, walked with `strcmp` from its head
@@ -8,105 +8,323 @@
 //! twelve minutes. Cut into pieces whose product stays under a budget, the same work costs a
 //! few seconds, plus a small per-transaction cost (process start, kernel validation).
 //!
-//! The pieces keep every packet on a complete path while they are applied one after the
-//! other:
+//! The input comes in [`Layout::DependencyOrder`](super::Layout): every chain after the
+//! chains it jumps to, each declaration followed by its rules, the flushes of chains to
+//! delete and then their deletions last. The [`Cutter`] reads that stream as it is written
+//! (the proxier's rendered rules write themselves into it: no copy of the whole input
+//! exists) and applies a piece each time the next chain would take it over the budget. The
+//! pieces keep every packet on a complete path while they are applied one after the other:
 //! * a chain is never split: its flush (`:CHAIN`) and all its rules are in one transaction;
-//! * chains go bottom-up: a chain is written no earlier than every chain it jumps to, so a
-//!   rewritten parent only ever refers to children already in their new state (a child
-//!   rewritten earlier still does what its old parent expects: endpoint and service chains
-//!   are named by what they do);
-//! * stale chains are flushed and deleted last, parents before children, after everything
-//!   that referred to them has been rewritten.
+//! * chains go bottom-up: a rewritten parent only ever refers to children already in their
+//!   new state (a child rewritten earlier still does what its old parent expects: endpoint
+//!   and service chains are named by what they do);
+//! * stale chains are flushed and deleted last, after everything that referred to them has
+//!   been rewritten; all are flushed before any is deleted (they may refer to each other).
 //!
-//! Tables other than the split one (filter, small) are applied whole, in input order.
-//! Input of any shape other than what the proxier writes (`*table`, `:CHAIN` declarations,
-//! `-A` rules for declared chains, `-X`, `COMMIT`, comments) is not split.
+//! Plain text gets that layout from [`write_dependency_ordered`], which parses it and orders
+//! its chains by their height in the jump graph; the proxier's renderer knows its chains'
+//! kinds and writes the layout directly.
 
 use std::collections::{HashMap, HashSet};
+use std::io;
 
-/// Above this many (commands × distinct chain names) a table is split; each piece stays
-/// under it. Measured on iptables 1.8.9 (docs/performance.md): around 8M the user-space
-/// list walk of a piece (~20 ms) is comparable to its fixed cost.
+use super::save;
+use super::{IptablesError, Layout, RestoreInput};
+
+/// Above this many (commands × distinct chain names) a piece is cut. Measured on iptables
+/// 1.8.9 (docs/performance.md): around 8M the user-space list walk of a piece (~20 ms) is
+/// comparable to its fixed cost.
 pub const DEFAULT_BUDGET: u64 = 8_000_000;
 
-/// One `iptables-restore` input of a split restore, as the numbers of the original lines it
-/// holds (its text is built only when it is restored: at 10k services the input is 34 MB,
-/// and a second copy of all of it would double the sync's peak memory).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
-    /// For each line of the piece (index 0 = line 1), its line number in the original input.
-    original_lines: Vec<u32>,
-}
-
-/// The pieces of a split restore of one input.
+/// One transaction of a cut restore: a table header, whole chains, `COMMIT`.
 #[derive(Debug)]
-pub struct Plan<'a> {
-    input: &'a [u8],
-    /// Byte range of each line of `input` (index 0 = line 1), without its newline.
-    line_ranges: Vec<(u32, u32)>,
-    pub pieces: Vec<Piece>,
+pub struct Piece<'a> {
+    pub text: &'a [u8],
+    /// The number, in the whole input, of this piece's header line and of its second line
+    /// (the lines after it follow on in the input).
+    header_line: usize,
+    body_line: usize,
 }
 
-impl Plan<'_> {
-    /// The text of `piece`, one newline-terminated line per original line.
-    pub fn text(&self, piece: &Piece) -> Vec<u8> {
-        let range = |n: u32| (n as usize).checked_sub(1).and_then(|i| self.line_ranges.get(i)).copied();
-        let size = piece.original_lines.iter().map(|&n| range(n).map_or(0, |(s, e)| (e - s) as usize) + 1).sum();
-        let mut out = Vec::with_capacity(size);
-        for &n in &piece.original_lines {
-            if let Some((start, end)) = range(n) {
-                out.extend_from_slice(&self.input[start as usize..end as usize]);
+impl Piece<'_> {
+    /// The number in the whole input of line `line` (1-based) of this piece. A piece's
+    /// `COMMIT` is the input's own only when it ends the table; otherwise it is numbered as
+    /// the line the next piece starts with.
+    pub fn input_line(&self, line: usize) -> usize {
+        match line {
+            0 | 1 => self.header_line,
+            n => self.body_line + (n - 2),
+        }
+    }
+
+    /// The lines around `line` of this piece, numbered as in the whole input.
+    pub fn context(&self, line: usize) -> String {
+        save::format_line_context_numbered(self.text, line, 3, |n| self.input_line(n))
+    }
+}
+
+/// Reads a restore input in [`Layout::DependencyOrder`] as it is written and hands `apply`
+/// each piece as soon as it is complete (see the module docs). An error from `apply` stops
+/// the stream: the writer sees an I/O error and [`Cutter::finish`] returns `apply`'s error.
+pub struct Cutter<F> {
+    budget: u64,
+    apply: F,
+    /// The end of the input that is not a whole line yet.
+    partial: Vec<u8>,
+    /// Lines read so far.
+    lines: usize,
+    /// The open table's `*name` line and its number.
+    header: Option<(Vec<u8>, usize)>,
+    piece: PieceText,
+    unit: PieceText,
+    failed: Option<IptablesError>,
+    pieces: usize,
+}
+
+/// Whole lines of a piece (or of one chain being read), the first one's number, and the
+/// chain names they mention.
+#[derive(Default)]
+struct PieceText {
+    text: Vec<u8>,
+    first_line: usize,
+    lines: usize,
+    names: HashSet<String>,
+}
+
+impl PieceText {
+    fn push(&mut self, line: &[u8], number: usize) {
+        if self.lines == 0 {
+            self.first_line = number;
+        }
+        self.text.extend_from_slice(line);
+        self.text.push(b'\n');
+        self.lines += 1;
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.lines = 0;
+        self.names.clear();
+    }
+
+    /// What restoring this text with `unit` added would cost (header and COMMIT included).
+    fn cost_with(&self, unit: &PieceText) -> u64 {
+        let names = self.names.len() + unit.names.iter().filter(|n| !self.names.contains(*n)).count();
+        ((self.lines + unit.lines + 2) as u64).saturating_mul(names as u64)
+    }
+}
+
+impl<F: FnMut(&Piece<'_>) -> Result<(), IptablesError>> Cutter<F> {
+    pub fn new(budget: u64, apply: F) -> Self {
+        Cutter {
+            budget,
+            apply,
+            partial: Vec::new(),
+            lines: 0,
+            header: None,
+            piece: PieceText::default(),
+            unit: PieceText::default(),
+            failed: None,
+            pieces: 0,
+        }
+    }
+
+    /// Ends the input: `Ok(pieces applied)`, or the error that stopped it.
+    pub fn finish(mut self) -> Result<usize, IptablesError> {
+        if let Some(err) = self.failed.take() {
+            return Err(err);
+        }
+        if !self.partial.is_empty() {
+            let line = std::mem::take(&mut self.partial);
+            self.line(&line).map_err(|e| self.input_error(e))?;
+        }
+        if self.header.is_some() {
+            return Err(self.input_error(io::Error::new(io::ErrorKind::InvalidData, "table without COMMIT")));
+        }
+        Ok(self.pieces)
+    }
+
+    fn input_error(&mut self, e: io::Error) -> IptablesError {
+        self.failed.take().unwrap_or(IptablesError::Input { command: "iptables-restore".into(), reason: e.to_string() })
+    }
+
+    fn line(&mut self, raw: &[u8]) -> io::Result<()> {
+        self.lines += 1;
+        let number = self.lines;
+        let line = raw.strip_suffix(b"\r").unwrap_or(raw);
+        let Some((_, header_line)) = &self.header else {
+            if line.starts_with(b"*") {
+                self.header = Some((line.to_vec(), number));
+                return Ok(());
             }
-            out.push(b'\n');
+            if line.is_empty() || line.starts_with(b"#") {
+                return Ok(());
+            }
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("line {number}: not in a table")));
+        };
+        let _ = header_line;
+        if line == b"COMMIT" {
+            self.close_unit()?;
+            self.apply_piece()?;
+            self.header = None;
+            return Ok(());
         }
-        out
+        let text = std::str::from_utf8(line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if let Some(rest) = text.strip_prefix(':').or_else(|| text.strip_prefix("-X ")) {
+            // A chain's declaration (or a deletion) starts the next unit.
+            self.close_unit()?;
+            if let Some(name) = rest.split_ascii_whitespace().next() {
+                self.unit.names.insert(name.to_string());
+            }
+        } else if let Some(rest) = text.strip_prefix("-A ").or_else(|| text.strip_prefix("-I ")) {
+            if let Some(name) = rest.split_ascii_whitespace().next()
+                && !self.unit.names.contains(name)
+            {
+                self.unit.names.insert(name.to_string());
+            }
+            if let Some(target) = jump_target(rest)
+                && !self.unit.names.contains(target)
+            {
+                self.unit.names.insert(target.to_string());
+            }
+        }
+        self.unit.push(line, number);
+        Ok(())
+    }
+
+    /// Adds the unit just read to the piece, applying the piece first if the unit would take
+    /// it over the budget.
+    fn close_unit(&mut self) -> io::Result<()> {
+        if self.unit.lines == 0 {
+            return Ok(());
+        }
+        if self.piece.lines > 0 && self.piece.cost_with(&self.unit) > self.budget {
+            self.apply_piece()?;
+        }
+        if self.piece.lines == 0 {
+            self.piece.first_line = self.unit.first_line;
+        }
+        self.piece.text.extend_from_slice(&self.unit.text);
+        self.piece.lines += self.unit.lines;
+        let names = std::mem::take(&mut self.unit.names);
+        self.piece.names.extend(names);
+        self.unit.clear();
+        Ok(())
+    }
+
+    fn apply_piece(&mut self) -> io::Result<()> {
+        let Some((header, header_line)) = &self.header else {
+            return Ok(());
+        };
+        if self.piece.lines == 0 {
+            return Ok(());
+        }
+        let mut text = Vec::with_capacity(header.len() + self.piece.text.len() + 8);
+        text.extend_from_slice(header);
+        text.push(b'\n');
+        text.extend_from_slice(&self.piece.text);
+        text.extend_from_slice(b"COMMIT\n");
+        let piece = Piece { text: &text, header_line: *header_line, body_line: self.piece.first_line };
+        let applied = (self.apply)(&piece);
+        self.piece.clear();
+        match applied {
+            Ok(()) => {
+                self.pieces += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.failed = Some(e);
+                Err(io::Error::other("a piece of the restore failed"))
+            }
+        }
     }
 }
 
-impl Piece {
-    /// The line of the original input that line `line` (1-based) of this piece came from.
-    pub(crate) fn original_line(&self, line: usize) -> Option<usize> {
-        line.checked_sub(1).and_then(|i| self.original_lines.get(i)).map(|&n| n as usize)
+impl<F: FnMut(&Piece<'_>) -> Result<(), IptablesError>> io::Write for Cutter<F> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.failed.is_some() {
+            return Err(io::Error::other("a piece of the restore failed"));
+        }
+        let mut rest = buf;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            if self.partial.is_empty() {
+                self.line(&rest[..end])?;
+            } else {
+                self.partial.extend_from_slice(&rest[..end]);
+                let line = std::mem::take(&mut self.partial);
+                let result = self.line(&line);
+                self.partial = line;
+                self.partial.clear();
+                result?;
+            }
+            rest = &rest[end + 1..];
+        }
+        self.partial.extend_from_slice(rest);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
-/// The pieces to restore one after the other in place of `data`, or `None` when `data` is
-/// best restored as it is (within budget, or not of a shape this module understands).
-pub fn split(data: &[u8], budget: u64) -> Option<Plan<'_>> {
-    let pieces = split_pieces(data, budget)?;
-    let mut line_ranges = Vec::with_capacity(data.iter().filter(|&&b| b == b'\n').count() + 1);
-    let mut start = 0;
-    for line in data.split(|&b| b == b'\n') {
-        let end = start + line.len();
-        let trimmed = if line.ends_with(b"\r") { end - 1 } else { end };
-        // Offsets are u32s: an input past 4 GiB is not split.
-        line_ranges.push((u32::try_from(start).ok()?, u32::try_from(trimmed).ok()?));
-        start = end + 1;
+/// Applies `input` as a sequence of transactions that each cost at most `budget`: `apply`
+/// restores one piece's text, `on_step` runs after each. A failure names the line in the
+/// whole input (in [`Layout::DependencyOrder`]) and shows the lines around it. `Ok(false)`
+/// when the input has no dependency order (text of another shape): nothing was applied.
+pub fn apply_in_pieces(
+    input: &dyn RestoreInput,
+    budget: u64,
+    apply: &mut dyn FnMut(&[u8]) -> Result<(), IptablesError>,
+    on_step: &mut dyn FnMut(),
+) -> Result<bool, IptablesError> {
+    let mut cutter = Cutter::new(budget, |piece: &Piece<'_>| {
+        apply(piece.text).map_err(|e| match e {
+            IptablesError::RestoreLine { command, line, output, .. } => IptablesError::RestoreLine {
+                command,
+                line: piece.input_line(line),
+                output,
+                context: piece.context(line),
+            },
+            other => other,
+        })?;
+        on_step();
+        Ok(())
+    });
+    match input.write_to(Layout::DependencyOrder, &mut cutter) {
+        Ok(()) => {
+            let pieces = cutter.finish()?;
+            tracing::debug!(pieces, "restored in pieces");
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(false),
+        Err(e) => Err(cutter
+            .finish()
+            .err()
+            .unwrap_or_else(|| IptablesError::Input { command: "iptables-restore".into(), reason: e.to_string() })),
     }
-    Some(Plan { input: data, line_ranges, pieces })
 }
 
-fn split_pieces(data: &[u8], budget: u64) -> Option<Vec<Piece>> {
-    let tables = parse(data)?;
-    if tables.iter().all(|t| t.cost() <= budget) {
-        return None;
-    }
-    let mut pieces = Vec::new();
+/// Writes restore text `data` in [`Layout::DependencyOrder`]; fails with
+/// [`io::ErrorKind::Unsupported`], writing nothing, when it is not of the shape the proxier
+/// writes (`*table`, `:CHAIN` declarations, `-A` rules for declared chains, `-X`, `COMMIT`,
+/// comments) or its jumps form a cycle.
+pub fn write_dependency_ordered(data: &[u8], out: &mut dyn io::Write) -> io::Result<()> {
+    let unsupported = || io::Error::new(io::ErrorKind::Unsupported, "input not of the proxier's shape");
+    let tables = parse(data).ok_or_else(unsupported)?;
+    let mut orders = Vec::with_capacity(tables.len());
     for table in &tables {
-        if table.cost() <= budget {
-            pieces.push(table.whole());
-        } else {
-            pieces.extend(table.split(budget)?);
-        }
+        orders.push(table.dependency_order().ok_or_else(unsupported)?);
     }
-    Some(pieces)
+    for (table, order) in tables.iter().zip(orders) {
+        table.write_in(&order, out)?;
+    }
+    Ok(())
 }
 
-/// A line of the input: its number and where its text is (`u32`s: at 10k services the
-/// planner holds 450k of these, and their size is most of a split restore's extra memory).
+/// Where a line of the input is (`u32`s: an input past 4 GiB is not reordered).
 #[derive(Clone, Copy)]
 struct Line {
-    number: u32,
     start: u32,
     len: u32,
 }
@@ -132,34 +350,12 @@ struct TableText<'a> {
     chains: Vec<Chain<'a>>,
     /// `-X` of chains not declared in this input.
     bare_deletions: Vec<Line>,
-    lines: usize,
-    names: usize,
 }
 
 impl TableText<'_> {
-    fn cost(&self) -> u64 {
-        (self.lines as u64).saturating_mul(self.names as u64)
-    }
-
-    /// The table as one piece, in its original line order.
-    fn whole(&self) -> Piece {
-        let mut all: Vec<&Line> = vec![&self.header];
-        for c in &self.chains {
-            all.push(&c.declaration);
-            all.extend(c.rules.iter());
-            all.extend(c.deleted.iter());
-        }
-        all.extend(self.bare_deletions.iter());
-        all.push(&self.commit);
-        all.sort_by_key(|l| l.number);
-        let mut builder = PieceBuilder::new(&self.header);
-        for l in all.into_iter().skip(1) {
-            builder.push(l);
-        }
-        builder.finish()
-    }
-
-    fn split(&self, budget: u64) -> Option<Vec<Piece>> {
+    /// The live chains, each no earlier than every chain it jumps to (input order among
+    /// equals); `None` if the jumps form a cycle.
+    fn dependency_order(&self) -> Option<Vec<usize>> {
         let index: HashMap<&str, usize> = self.chains.iter().enumerate().map(|(i, c)| (c.name, i)).collect();
         let targets: Vec<Vec<usize>> = self
             .chains
@@ -177,123 +373,29 @@ impl TableText<'_> {
             })
             .collect();
         let depth = depths(&targets)?;
-
-        let (stale, live): (Vec<usize>, Vec<usize>) =
-            (0..self.chains.len()).partition(|&i| self.chains[i].deleted.is_some());
-        let mut live = live;
+        let mut live: Vec<usize> = (0..self.chains.len()).filter(|&i| self.chains[i].deleted.is_none()).collect();
         live.sort_by_key(|&i| (depth[i], i));
-        let mut pieces = Vec::new();
-        let mut current = Packing::default();
-        for &i in &live {
+        Some(live)
+    }
+
+    /// Writes the table: the live chains in `order`, then the stale chains' flushes, then
+    /// every deletion.
+    fn write_in(&self, order: &[usize], out: &mut dyn io::Write) -> io::Result<()> {
+        let mut line = |l: &Line| {
+            out.write_all(l.text(self.input).as_bytes())?;
+            out.write_all(b"\n")
+        };
+        line(&self.header)?;
+        for &i in order {
             let chain = &self.chains[i];
-            let names: Vec<&str> = std::iter::once(chain.name)
-                .chain(chain.rules.iter().filter_map(|r| jump_target(r.text(self.input))))
-                .collect();
-            let lines = 1 + chain.rules.len();
-            if !current.is_empty() && current.cost_with(lines, &names) > budget {
-                pieces.push(self.emit(&std::mem::take(&mut current), Part::Rules, false));
-            }
-            current.add(i, lines, &names);
+            line(&chain.declaration)?;
+            chain.rules.iter().try_for_each(&mut line)?;
         }
-        if !current.is_empty() {
-            pieces.push(self.emit(&std::mem::take(&mut current), Part::Rules, false));
-        }
-        // Stale chains: nothing live refers to them any more (their parents were rewritten
-        // above), but they may refer to each other through their old rules, so all are
-        // flushed before any is deleted.
-        for part in [Part::Flush, Part::Delete] {
-            for &i in &stale {
-                let names = [self.chains[i].name];
-                if !current.is_empty() && current.cost_with(1, &names) > budget {
-                    pieces.push(self.emit(&std::mem::take(&mut current), part, false));
-                }
-                current.add(i, 1, &names);
-            }
-            let bare = part == Part::Delete && !self.bare_deletions.is_empty();
-            if !current.is_empty() || bare {
-                pieces.push(self.emit(&std::mem::take(&mut current), part, bare));
-            }
-        }
-        Some(pieces)
-    }
-
-    /// A piece with `part` of the chains of `packing` (and, with `bare`, the deletions of
-    /// chains not declared in the input), laid out as the original is.
-    fn emit(&self, packing: &Packing<'_>, part: Part, bare: bool) -> Piece {
-        let mut builder = PieceBuilder::new(&self.header);
-        if part != Part::Delete {
-            for &i in &packing.chains {
-                builder.push(&self.chains[i].declaration);
-            }
-        }
-        for &i in &packing.chains {
-            let chain = &self.chains[i];
-            match part {
-                Part::Rules => chain.rules.iter().for_each(|r| builder.push(r)),
-                Part::Flush => {}
-                Part::Delete => chain.deleted.iter().for_each(|l| builder.push(l)),
-            }
-        }
-        if bare {
-            self.bare_deletions.iter().for_each(|l| builder.push(l));
-        }
-        builder.push(&self.commit);
-        builder.finish()
-    }
-}
-
-/// What of its chains a piece carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
-    /// Declarations (flushes) and rules of live chains.
-    Rules,
-    /// Declarations alone: flushes of stale chains.
-    Flush,
-    /// Deletions of stale chains.
-    Delete,
-}
-
-#[derive(Default)]
-struct Packing<'a> {
-    chains: Vec<usize>,
-    lines: usize,
-    names: HashSet<&'a str>,
-}
-
-impl<'a> Packing<'a> {
-    fn is_empty(&self) -> bool {
-        self.chains.is_empty()
-    }
-
-    fn cost_with(&self, lines: usize, names: &[&'a str]) -> u64 {
-        let new_names = names.iter().filter(|n| !self.names.contains(*n)).collect::<HashSet<_>>().len();
-        ((self.lines + lines + 2) as u64).saturating_mul((self.names.len() + new_names) as u64)
-    }
-
-    fn add(&mut self, chain: usize, lines: usize, names: &[&'a str]) {
-        self.chains.push(chain);
-        self.lines += lines;
-        self.names.extend(names.iter().copied());
-    }
-}
-
-struct PieceBuilder {
-    original_lines: Vec<u32>,
-}
-
-impl PieceBuilder {
-    fn new(header: &Line) -> Self {
-        let mut b = PieceBuilder { original_lines: Vec::new() };
-        b.push(header);
-        b
-    }
-
-    fn push(&mut self, line: &Line) {
-        self.original_lines.push(line.number);
-    }
-
-    fn finish(self) -> Piece {
-        Piece { original_lines: self.original_lines }
+        let stale = self.chains.iter().filter(|c| c.deleted.is_some());
+        stale.clone().try_for_each(|c| line(&c.declaration))?;
+        stale.filter_map(|c| c.deleted.as_ref()).try_for_each(&mut line)?;
+        self.bare_deletions.iter().try_for_each(&mut line)?;
+        line(&self.commit)
     }
 }
 
@@ -347,7 +449,6 @@ struct OpenTable<'a> {
     chains: Vec<Chain<'a>>,
     index: HashMap<&'a str, usize>,
     bare: Vec<Line>,
-    lines: usize,
 }
 
 /// Parses the restore input into tables; `None` for anything but the proxier's shape.
@@ -355,13 +456,12 @@ fn parse(data: &[u8]) -> Option<Vec<TableText<'_>>> {
     let text = std::str::from_utf8(data).ok()?;
     let mut tables = Vec::new();
     let mut current: Option<OpenTable<'_>> = None;
-    for (i, raw) in text.lines().enumerate() {
+    for raw in text.lines() {
         let line = raw.trim_end_matches('\r');
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let l = Line {
-            number: u32::try_from(i + 1).ok()?,
             start: u32::try_from(line.as_ptr() as usize - text.as_ptr() as usize).ok()?,
             len: u32::try_from(line.len()).ok()?,
         };
@@ -370,32 +470,12 @@ fn parse(data: &[u8]) -> Option<Vec<TableText<'_>>> {
                 if !line.starts_with('*') {
                     return None;
                 }
-                current = Some(OpenTable {
-                    header: l,
-                    chains: Vec::new(),
-                    index: HashMap::new(),
-                    bare: Vec::new(),
-                    lines: 0,
-                });
+                current = Some(OpenTable { header: l, chains: Vec::new(), index: HashMap::new(), bare: Vec::new() });
             }
-            Some(OpenTable { chains, index, bare, lines, .. }) => {
-                *lines += 1;
+            Some(OpenTable { chains, index, bare, .. }) => {
                 if line == "COMMIT" {
-                    let OpenTable { header, chains, bare, lines, .. } = current.take()?;
-                    let mut names: HashSet<&str> = chains.iter().map(|c| c.name).collect();
-                    for c in &chains {
-                        names.extend(c.rules.iter().filter_map(|r| jump_target(r.text(text))));
-                    }
-                    let names = names.len();
-                    tables.push(TableText {
-                        input: text,
-                        header,
-                        commit: l,
-                        chains,
-                        bare_deletions: bare,
-                        lines,
-                        names,
-                    });
+                    let OpenTable { header, chains, bare, .. } = current.take()?;
+                    tables.push(TableText { input: text, header, commit: l, chains, bare_deletions: bare });
                 } else if let Some(rest) = line.strip_prefix(':') {
                     let name = rest.split_ascii_whitespace().next()?;
                     if index.contains_key(name) {
@@ -433,14 +513,9 @@ fn parse(data: &[u8]) -> Option<Vec<TableText<'_>>> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::io::Write;
 
-    /// The pieces' texts of a split of `PAYLOAD`.
-    fn texts(budget: u64) -> Option<(Vec<String>, Vec<Piece>)> {
-        let plan = split(PAYLOAD.as_bytes(), budget)?;
-        let texts = plan.pieces.iter().map(|p| String::from_utf8(plan.text(p)).unwrap()).collect();
-        Some((texts, plan.pieces))
-    }
+    use super::*;
 
     const PAYLOAD: &str = "*filter
 :KUBE-SERVICES - [0:0]
@@ -468,86 +543,161 @@ COMMIT
 COMMIT
 ";
 
-    #[test]
-    fn within_budget_nothing_is_split() {
-        assert!(split(PAYLOAD.as_bytes(), 1_000_000).is_none());
-        assert!(split(PAYLOAD.as_bytes(), 1).is_some());
+    const ORDERED: &str = "*filter
+:KUBE-SERVICES - [0:0]
+-A KUBE-SERVICES -j REJECT
+COMMIT
+*nat
+:KUBE-MARK-MASQ - [0:0]
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+:KUBE-SEP-A1 - [0:0]
+-A KUBE-SEP-A1 -s 10.1.0.1/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-A1 -p tcp -j DNAT --to-destination 10.1.0.1:80
+:KUBE-SEP-A2 - [0:0]
+-A KUBE-SEP-A2 -s 10.1.0.2/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-A2 -p tcp -j DNAT --to-destination 10.1.0.2:80
+:KUBE-SVC-A - [0:0]
+-A KUBE-SVC-A -m statistic --mode random --probability 0.5 -j KUBE-SEP-A1
+-A KUBE-SVC-A -j KUBE-SEP-A2
+:KUBE-SERVICES - [0:0]
+-A KUBE-SERVICES -d 10.0.0.1/32 -j KUBE-SVC-A
+:KUBE-SVC-OLD - [0:0]
+:KUBE-SEP-OLD - [0:0]
+-X KUBE-SVC-OLD
+-X KUBE-SEP-OLD
+-X KUBE-SEP-GONE
+COMMIT
+";
+
+    fn ordered(text: &str) -> io::Result<String> {
+        let mut out = Vec::new();
+        write_dependency_ordered(text.as_bytes(), &mut out)?;
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    /// The pieces `input` is cut into (written `chunk` bytes at a time) and each piece's
+    /// line numbers in the input.
+    fn cut(input: &str, budget: u64, chunk: usize) -> Vec<(String, Vec<usize>)> {
+        let mut pieces = Vec::new();
+        let mut cutter = Cutter::new(budget, |p: &Piece<'_>| {
+            let text = String::from_utf8(p.text.to_vec()).unwrap();
+            let numbers = (1..=text.lines().count()).map(|n| p.input_line(n)).collect();
+            pieces.push((text, numbers));
+            Ok(())
+        });
+        for part in input.as_bytes().chunks(chunk) {
+            cutter.write_all(part).unwrap();
+        }
+        let applied = cutter.finish().unwrap();
+        assert_eq!(applied, pieces.len());
+        pieces
     }
 
     #[test]
-    fn pieces_go_bottom_up_with_deletions_last_and_lines_map_back() {
-        let (texts, pieces) = texts(1).expect("split");
+    fn text_is_reordered_bottom_up_with_deletions_last() {
+        assert_eq!(ordered(PAYLOAD).unwrap(), ORDERED);
+        // Already ordered text stays as it is.
+        assert_eq!(ordered(ORDERED).unwrap(), ORDERED);
+    }
+
+    #[test]
+    fn within_budget_each_table_is_one_piece() {
+        let pieces = cut(ORDERED, 1_000_000, 4096);
+        let texts: Vec<&str> = pieces.iter().map(|(t, _)| t.as_str()).collect();
+        let (filter, nat) = ORDERED.split_at(ORDERED.find("*nat").unwrap());
+        assert_eq!(texts, [filter, nat]);
+    }
+
+    #[test]
+    fn a_budget_of_one_applies_chain_by_chain_and_lines_map_back() {
+        let pieces = cut(ORDERED, 1, 7);
+        let texts: Vec<&str> = pieces.iter().map(|(t, _)| t.as_str()).collect();
         assert_eq!(texts[0], "*filter\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j REJECT\nCOMMIT\n");
-        // Budget 1: one chain per piece, leaves first.
-        let order: Vec<&str> = texts[1..]
-            .iter()
-            .map(|t| t.lines().nth(1).unwrap().trim_start_matches(':').split(' ').next().unwrap())
-            .collect();
-        let pos = |n: &str| order.iter().position(|o| *o == n).unwrap();
-        assert!(pos("KUBE-MARK-MASQ") < pos("KUBE-SEP-A1"));
-        assert!(pos("KUBE-SEP-A1") < pos("KUBE-SVC-A"));
-        assert!(pos("KUBE-SEP-A2") < pos("KUBE-SVC-A"));
-        assert!(pos("KUBE-SVC-A") < pos("KUBE-SERVICES"));
-        // Stale chains last: all flushed, then all deleted (they may refer to each other);
-        // the deletion of an undeclared chain rides with the last.
-        let n = texts.len();
+        assert_eq!(texts[1], "*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\nCOMMIT\n");
         assert_eq!(
-            texts[n - 4..],
+            texts[texts.len() - 5..],
             [
                 "*nat\n:KUBE-SVC-OLD - [0:0]\nCOMMIT\n",
                 "*nat\n:KUBE-SEP-OLD - [0:0]\nCOMMIT\n",
                 "*nat\n-X KUBE-SVC-OLD\nCOMMIT\n",
-                "*nat\n-X KUBE-SEP-OLD\n-X KUBE-SEP-GONE\nCOMMIT\n",
+                "*nat\n-X KUBE-SEP-OLD\nCOMMIT\n",
+                "*nat\n-X KUBE-SEP-GONE\nCOMMIT\n",
             ]
         );
-        // Line numbers map back to the original.
-        let svc = &pieces[texts.iter().position(|t| t.contains(":KUBE-SVC-A ")).unwrap()];
-        assert_eq!(svc.original_line(1), Some(5));
-        assert_eq!(svc.original_line(2), Some(8));
-        assert_eq!(svc.original_line(3), Some(15));
-        assert_eq!(svc.original_line(svc.original_lines.len()), Some(24));
-        assert_eq!(svc.original_line(0), None);
+        let svc = pieces.iter().find(|(t, _)| t.contains(":KUBE-SVC-A ")).unwrap();
+        assert_eq!(svc.1[..4], [5, 14, 15, 16]);
     }
 
     #[test]
-    fn every_line_is_restored_exactly_once() {
-        for budget in [1, 10, 40, 100, 1000] {
-            let (texts, pieces) = texts(budget).unwrap_or_else(|| (vec![PAYLOAD.to_string()], vec![parse_whole()]));
-            let mut seen: Vec<usize> = Vec::new();
-            for (p, text) in pieces.iter().zip(&texts) {
-                for (i, line) in text.lines().enumerate() {
-                    if line.starts_with('*') || line == "COMMIT" {
-                        continue;
+    fn every_line_is_applied_once_in_input_order_whatever_the_budget() {
+        let body: Vec<(usize, String)> = ORDERED
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.starts_with('*') && *l != "COMMIT")
+            .map(|(i, l)| (i + 1, l.to_string()))
+            .collect();
+        for budget in [1, 10, 40, 100, 1000, u64::MAX] {
+            for chunk in [1, 13, 4096] {
+                let mut seen = Vec::new();
+                for (text, numbers) in cut(ORDERED, budget, chunk) {
+                    for (line, number) in text.lines().zip(numbers) {
+                        // A piece that does not end its table commits where the next begins.
+                        if line != "COMMIT" {
+                            assert_eq!(ORDERED.lines().nth(number - 1), Some(line), "budget {budget}");
+                        }
+                        if !line.starts_with('*') && line != "COMMIT" {
+                            seen.push((number, line.to_string()));
+                        }
                     }
-                    let n = p.original_line(i + 1).unwrap();
-                    assert_eq!(PAYLOAD.lines().nth(n - 1), Some(line), "budget {budget}");
-                    seen.push(n);
                 }
+                assert_eq!(seen, body, "budget {budget} chunk {chunk}");
             }
-            seen.sort_unstable();
-            let expected: Vec<usize> = PAYLOAD
-                .lines()
-                .enumerate()
-                .filter(|(_, l)| !l.starts_with('*') && *l != "COMMIT")
-                .map(|(i, _)| i + 1)
-                .collect();
-            assert_eq!(seen, expected, "budget {budget}");
         }
-    }
-
-    fn parse_whole() -> Piece {
-        Piece { original_lines: (1..=PAYLOAD.lines().count() as u32).collect() }
     }
 
     #[test]
     fn larger_budgets_pack_chains_together() {
-        let small = split(PAYLOAD.as_bytes(), 1).unwrap().pieces.len();
-        let larger = split(PAYLOAD.as_bytes(), 60).unwrap().pieces.len();
+        let small = cut(ORDERED, 1, 4096).len();
+        let larger = cut(ORDERED, 60, 4096).len();
         assert!(larger < small, "{larger} < {small}");
     }
 
     #[test]
-    fn unknown_shapes_and_cycles_are_not_split() {
+    fn a_failing_piece_stops_the_stream_with_its_error() {
+        let mut applied = 0;
+        let mut cutter = Cutter::new(1, |p: &Piece<'_>| {
+            if p.text.windows(10).any(|w| w == b"KUBE-SVC-A") {
+                return Err(IptablesError::RestoreLine {
+                    command: "iptables-restore".into(),
+                    line: p.input_line(3),
+                    output: "bad".into(),
+                    context: p.context(3),
+                });
+            }
+            applied += 1;
+            Ok(())
+        });
+        let err = cutter.write_all(ORDERED.as_bytes()).expect_err("stops");
+        assert_eq!(err.kind(), io::ErrorKind::Other);
+        let err = cutter.finish().expect_err("the piece's error");
+        assert_eq!(err.restore_line(), Some(15), "{err}");
+        let context = err.restore_context().unwrap();
+        assert!(context.contains("> 15 | -A KUBE-SVC-A -m statistic"), "{context}");
+        assert!(context.contains("  14 | :KUBE-SVC-A - [0:0]"), "{context}");
+        assert_eq!(applied, 4, "filter, KUBE-MARK-MASQ and the two endpoint chains");
+    }
+
+    #[test]
+    fn a_table_without_commit_is_an_error() {
+        let mut cutter = Cutter::new(1_000, |_: &Piece<'_>| Ok(()));
+        cutter.write_all(b"*nat\n:A - [0:0]\n").unwrap();
+        assert!(matches!(cutter.finish(), Err(IptablesError::Input { .. })));
+        let mut cutter = Cutter::new(1_000, |_: &Piece<'_>| Ok(()));
+        assert!(cutter.write_all(b"-A X -j ACCEPT\n").is_err());
+    }
+
+    #[test]
+    fn unknown_shapes_and_cycles_are_not_reordered() {
         for odd in [
             "*nat\n:A - [0:0]\n-I A -j ACCEPT\nCOMMIT\n",
             "*nat\n-A UNDECLARED -j ACCEPT\nCOMMIT\n",
@@ -555,7 +705,10 @@ COMMIT
             "junk\n",
             "*nat\n:A - [0:0]\n:B - [0:0]\n-A A -j B\n-A B -j A\nCOMMIT\n",
         ] {
-            assert!(split(odd.as_bytes(), 0).is_none(), "{odd:?}");
+            let mut out = Vec::new();
+            let err = write_dependency_ordered(odd.as_bytes(), &mut out).expect_err(odd);
+            assert_eq!(err.kind(), io::ErrorKind::Unsupported, "{odd:?}");
+            assert!(out.is_empty());
         }
     }
 

@@ -19,8 +19,12 @@
 //!   `iptables-save` output.
 //! * Calls are serialised by a mutex, as the [`Iptables`] contract asks.
 //!
+//! Restore inputs ([`RestoreInput`]) are written into `iptables-restore`'s stdin while it
+//! runs, never held whole; on iptables-nft a `--noflush` restore goes in dependency order
+//! through [`super::restore_plan`], one transaction per piece.
+//!
 //! A restore failure is reported as [`IptablesError::RestoreLine`] when the output names a
-//! line. iptables 1.8 words this several ways, all recognised:
+//! line, with the lines around it. iptables 1.8 words this several ways, all recognised:
 //!
 //! ```text
 //! iptables-restore v1.8.9 (legacy): unknown option "--bogus"      (then)
@@ -42,7 +46,10 @@ use std::time::Duration;
 use regex::Regex;
 
 use super::lock::{Locker, XtablesLocker};
-use super::{FlushFlag, Iptables, IptablesError, RestoreCounters, Result, RulePosition, Table, save};
+use super::restore_plan::apply_in_pieces;
+use super::{
+    FlushFlag, Iptables, IptablesError, Layout, RestoreCounters, RestoreInput, Result, RulePosition, Table, save,
+};
 use crate::exec::{Command, Exec, Output};
 use crate::model::IpFamily;
 
@@ -203,8 +210,8 @@ pub struct RunnerOptions {
     pub netns: Option<String>,
     /// Kill any single command that runs longer than this.
     pub command_timeout: Duration,
-    /// On iptables-nft, a `--noflush` restore whose input costs more than this (see
-    /// [`super::restore_plan`]) is applied in pieces; `None` never splits.
+    /// On iptables-nft, a `--noflush` restore is applied in pieces that each cost at most
+    /// this (see [`super::restore_plan`]); `None` never splits.
     pub split_budget: Option<u64>,
 }
 
@@ -239,6 +246,14 @@ impl Invoker {
     fn run(&self, cmd: &Command<'_>) -> Result<Output> {
         tracing::trace!(command = %cmd, "running");
         self.exec.run(cmd).map_err(|e| IptablesError::Exec { command: cmd.to_string(), reason: e.to_string() })
+    }
+
+    /// Runs `cmd` with `input` (canonical layout) written into its stdin as it runs.
+    fn run_feeding(&self, cmd: &Command<'_>, input: &dyn RestoreInput) -> Result<Output> {
+        tracing::trace!(command = %cmd, "running");
+        self.exec
+            .run_feeding(cmd, &|out: &mut dyn std::io::Write| input.write_to(Layout::Canonical, out))
+            .map_err(|e| IptablesError::Exec { command: cmd.to_string(), reason: e.to_string() })
     }
 }
 
@@ -444,7 +459,7 @@ impl IptablesRunner {
     fn restore_internal(
         &self,
         table: Option<Table>,
-        data: &[u8],
+        input: &dyn RestoreInput,
         flush: FlushFlag,
         counters: RestoreCounters,
     ) -> Result<()> {
@@ -464,25 +479,29 @@ impl IptablesRunner {
         } else {
             None
         };
-        let cmd = self.invoker.command(&self.bins.restore, &args).stdin(data);
-        let out = self.invoker.run(&cmd)?;
+        let cmd = self.invoker.command(&self.bins.restore, &args);
+        let out = self.invoker.run_feeding(&cmd, input)?;
         if out.success() {
             return Ok(());
         }
         let output = out.combined().trim().to_string();
         match parse_restore_error(&output) {
             Some(line) => {
-                tracing::warn!(
-                    command = %cmd,
-                    line,
-                    context = %save::format_line_context(data, line, 3),
-                    output = %output,
-                    "iptables-restore rejected its input"
-                );
-                Err(IptablesError::RestoreLine { command: self.bins.restore.clone(), line, output })
+                // The input was streamed, not kept: write it again to show the failing line.
+                let context = super::input_text(input, Layout::Canonical)
+                    .map(|text| save::format_line_context(&text, line, 3))
+                    .unwrap_or_default();
+                Err(IptablesError::RestoreLine { command: self.bins.restore.clone(), line, output, context })
             }
             None => Err(failed(&cmd, &out)),
         }
+    }
+}
+
+/// Logs a restore that iptables-restore rejected, with the lines around the failing one.
+fn log_restore_line_error(err: &IptablesError) {
+    if let IptablesError::RestoreLine { command, line, output, context } = err {
+        tracing::warn!(%command, line, %context, %output, "iptables-restore rejected its input");
     }
 }
 
@@ -621,37 +640,31 @@ impl Iptables for IptablesRunner {
     }
 
     fn restore(&self, table: Table, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> Result<()> {
-        self.restore_internal(Some(table), data, flush, counters)
+        self.restore_internal(Some(table), &data, flush, counters).inspect_err(log_restore_line_error)
     }
 
     fn restore_all(&self, data: &[u8], flush: FlushFlag, counters: RestoreCounters) -> Result<()> {
-        self.restore_all_in_steps(data, flush, counters, &mut || {})
+        self.restore_input(&data, flush, counters, &mut || {})
     }
 
-    fn restore_all_in_steps(
+    fn restore_input(
         &self,
-        data: &[u8],
+        input: &dyn RestoreInput,
         flush: FlushFlag,
         counters: RestoreCounters,
         on_step: &mut dyn FnMut(),
     ) -> Result<()> {
-        let plan = match self.split_budget {
-            Some(budget) if self.nf_tables && flush == FlushFlag::NoFlush => super::restore_plan::split(data, budget),
-            _ => None,
+        let budget = match self.split_budget {
+            Some(budget) if self.nf_tables && flush == FlushFlag::NoFlush => budget,
+            _ => {
+                self.restore_internal(None, input, flush, counters).inspect_err(log_restore_line_error)?;
+                on_step();
+                return Ok(());
+            }
         };
-        let Some(plan) = plan else {
-            self.restore_internal(None, data, flush, counters)?;
-            on_step();
-            return Ok(());
-        };
-        tracing::debug!(pieces = plan.pieces.len(), bytes = data.len(), "restoring in pieces");
-        for piece in &plan.pieces {
-            self.restore_internal(None, &plan.text(piece), flush, counters).map_err(|e| match e {
-                IptablesError::RestoreLine { command, line, output } => {
-                    IptablesError::RestoreLine { command, line: piece.original_line(line).unwrap_or(line), output }
-                }
-                other => other,
-            })?;
+        let restore_piece = &mut |piece: &[u8]| self.restore_internal(None, &piece, flush, counters);
+        if !apply_in_pieces(input, budget, restore_piece, on_step).inspect_err(log_restore_line_error)? {
+            self.restore_internal(None, input, flush, counters).inspect_err(log_restore_line_error)?;
             on_step();
         }
         Ok(())

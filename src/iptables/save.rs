@@ -79,11 +79,23 @@ pub(crate) fn extract_lines(data: &[u8], line: usize, context: usize) -> Vec<(us
 ///
 /// Empty when `line` is 0 or beyond the end of `data` with no context lines to show.
 pub fn format_line_context(data: &[u8], line: usize, context: usize) -> String {
-    let lines = extract_lines(data, line, context);
-    let width = lines.last().map_or(1, |(n, _)| n.to_string().len());
+    format_line_context_numbered(data, line, context, |n| n)
+}
+
+/// [`format_line_context`] for a part of a larger input: `number_of` gives the number each
+/// line of `data` has in that input.
+pub fn format_line_context_numbered(
+    data: &[u8],
+    line: usize,
+    context: usize,
+    number_of: impl Fn(usize) -> usize,
+) -> String {
+    let lines: Vec<(usize, bool, String)> =
+        extract_lines(data, line, context).into_iter().map(|(n, text)| (number_of(n), n == line, text)).collect();
+    let width = lines.iter().map(|(n, _, _)| n.to_string().len()).max().unwrap_or(1);
     let mut out = String::new();
-    for (number, text) in &lines {
-        let marker = if *number == line { '>' } else { ' ' };
+    for (number, failing, text) in &lines {
+        let marker = if *failing { '>' } else { ' ' };
         out.push_str(&format!("{marker} {number:>width$} | {text}\n"));
     }
     out

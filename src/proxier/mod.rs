@@ -200,8 +200,10 @@ pub enum SyncOutcome {
 pub struct SyncReport {
     /// Whether this was a full sync.
     pub full: bool,
-    /// The restore input (also on failure, for diagnostics).
-    pub payload: String,
+    /// The restore input in upstream's layout (also on failure), when the proxier records
+    /// it ([`Proxier::with_payload_recording`]): the daemon does not, as the input is
+    /// written straight into `iptables-restore` and never held whole.
+    pub payload: Option<String>,
     pub stats: RenderStats,
     pub service_update: ServiceUpdateResult,
     pub endpoints_update: EndpointsUpdateResult,
@@ -268,6 +270,8 @@ pub struct Proxier {
     nfacct: Option<Arc<dyn Nfacct>>,
     /// The accounting objects the last full sync made sure of.
     nfacct_counters: NfacctCounters,
+    /// Keep each restore input's text in the sync report.
+    record_payloads: bool,
 }
 
 /// Called after each step of a restore that succeeded.
@@ -304,7 +308,15 @@ impl Proxier {
             progress: None,
             nfacct: None,
             nfacct_counters: NfacctCounters::default(),
+            record_payloads: false,
         }
+    }
+
+    /// Keeps each sync's restore input, as text, in its report (the `render` command and
+    /// tests; it costs a copy of the input).
+    pub fn with_payload_recording(mut self) -> Self {
+        self.record_payloads = true;
+        self
     }
 
     /// The recorder event handlers feed; recording through it never waits for a sync.
@@ -400,7 +412,7 @@ impl Proxier {
 
         let mut report = SyncReport {
             full: !try_partial,
-            payload: String::new(),
+            payload: None,
             stats: RenderStats::default(),
             service_update,
             endpoints_update,
@@ -474,7 +486,7 @@ impl Proxier {
             nfacct: self.nfacct_counters,
         };
         let rendering = Instant::now();
-        let mut rendered = render::render(&self.cfg.render, &input, &self.render_state);
+        let rendered = render::render(&self.cfg.render, &input, &self.render_state);
         let render_time = rendering.elapsed();
         tracing::debug!(
             services = rendered.stats.services,
@@ -482,11 +494,13 @@ impl Proxier {
             filter_rules = rendered.stats.filter_rules,
             nat_rules = rendered.stats.nat_rules,
             nat_chains = rendered.stats.nat_chains,
-            bytes = rendered.payload.len(),
             full = rendered.full,
             "reloading service iptables data"
         );
         report.stats = rendered.stats.clone();
+        if self.record_payloads {
+            report.payload = Some(rendered.payload());
+        }
 
         let progress = self.progress.clone();
         let mut on_step = move || {
@@ -495,25 +509,23 @@ impl Proxier {
             }
         };
         let restoring = Instant::now();
-        let restored = self.iptables.restore_all_in_steps(
-            rendered.payload.as_bytes(),
-            FlushFlag::NoFlush,
-            RestoreCounters::Counters,
-            &mut on_step,
-        );
+        let counted = iptables::CountedInput::new(&rendered);
+        let restored =
+            self.iptables.restore_input(&counted, FlushFlag::NoFlush, RestoreCounters::Counters, &mut on_step);
         let restore_time = restoring.elapsed();
+        let bytes = counted.bytes();
+        let mut written = rendered.into_outcome();
         match restored {
             Ok(()) => {
-                let active = std::mem::take(&mut rendered.active_nat_chains);
+                let active = std::mem::take(&mut written.active_nat_chains);
                 match (&mut self.kernel_chains, cleaned) {
                     // Every chain not in use was deleted as stale.
                     (known, true) => *known = Some(NatChains::from_keys(active)),
                     (Some(known), false) => known.extend(&active),
                     (None, false) => {}
                 }
-                self.render_state.commit(&mut rendered);
+                self.render_state.commit(written);
                 self.needs_full_sync = false;
-                report.payload = rendered.payload;
                 report.service_health = Some(ServiceHealthState {
                     ports: self.services.health_check_node_ports(),
                     local_endpoints: self.endpoints.local_ready_endpoints(),
@@ -541,19 +553,13 @@ impl Proxier {
                     read_ms = read_time.as_millis() as u64,
                     render_ms = render_time.as_millis() as u64,
                     restore_ms = restore_time.as_millis() as u64,
-                    bytes = report.payload.len(),
+                    bytes,
                     "sync complete"
                 );
                 SyncOutcome::Synced(Box::new(report))
             }
             Err(e) => {
-                let context = e
-                    .restore_line()
-                    .map(|line| {
-                        format!("\n{}", iptables::save::format_line_context(rendered.payload.as_bytes(), line, 3))
-                    })
-                    .unwrap_or_default();
-                report.payload = rendered.payload;
+                let context = e.restore_context().map(|c| format!("\n{c}")).unwrap_or_default();
                 let err = SyncError::Restore { source: e, context };
                 report.elapsed = started.elapsed();
                 SyncOutcome::Synced(Box::new(self.failed(report, err)))

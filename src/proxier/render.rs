@@ -19,10 +19,12 @@
 //! the stale chains' deletions.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
+use std::io;
 use std::net::IpAddr;
 
 use crate::compat::Features;
+use crate::iptables::{Layout, RestoreInput};
 use crate::model::chains::{self, ChainKey, ChainName, KeySet, NatChains, chain_name};
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
@@ -91,15 +93,15 @@ pub struct RenderState {
 
 impl RenderState {
     /// Records what a successful restore of `rendered` put in place.
-    pub fn commit(&mut self, rendered: &mut Rendered) {
-        if rendered.full {
+    pub fn commit(&mut self, written: RenderOutcome) {
+        if written.full {
             self.written.clear();
         }
-        for (key, body) in rendered.top_level.drain(..) {
-            self.written.insert(key, body);
+        for c in written.top_level {
+            self.written.insert(c.key, c.rules);
         }
-        self.service_rules = std::mem::take(&mut rendered.service_rules);
-        self.large_cluster_mode = Some(rendered.stats.large_cluster_mode);
+        self.service_rules = written.service_rules;
+        self.large_cluster_mode = Some(written.large_cluster_mode);
     }
 
     /// Forgets everything: the next render writes every chain.
@@ -131,18 +133,67 @@ pub struct RenderStats {
     pub no_local_endpoints_external: usize,
 }
 
-/// The result of one render.
-#[derive(Debug, Clone)]
-pub struct Rendered {
-    /// The `iptables-restore` input (for `--noflush`).
-    pub payload: String,
+/// The result of one render. Its restore input is not assembled: the renderer's parts are
+/// kept and write the input on demand ([`RestoreInput`]), straight into `iptables-restore`
+/// (at 10k services the input is 34 MB; the parts are a third of that).
+pub struct Rendered<'a> {
     pub full: bool,
     pub stats: RenderStats,
-    /// Top-level chains written in this payload, keyed `table/chain`, with their rules.
-    top_level: Vec<(&'static str, String)>,
+    service_rules: HashMap<ServicePortName, usize>,
+    active_nat_chains: KeySet,
+    document: Document<'a>,
+}
+
+/// What a render leaves once its restore input is no longer needed: what
+/// [`RenderState::commit`] records after a successful restore.
+pub struct RenderOutcome {
+    full: bool,
+    large_cluster_mode: bool,
+    top_level: Vec<TopLevelChain>,
     service_rules: HashMap<ServicePortName, usize>,
     /// Every per-service nat chain this state uses, written now or before.
     pub active_nat_chains: KeySet,
+}
+
+impl Rendered<'_> {
+    /// Drops the restore input, keeping what the render state needs.
+    pub fn into_outcome(mut self) -> RenderOutcome {
+        RenderOutcome {
+            full: self.full,
+            large_cluster_mode: self.stats.large_cluster_mode,
+            top_level: self.document.take_top_level(),
+            service_rules: self.service_rules,
+            active_nat_chains: self.active_nat_chains,
+        }
+    }
+
+    /// The restore input as text, in `layout`.
+    pub fn text(&self, layout: Layout) -> String {
+        let mut out = Vec::new();
+        // Writing into a Vec cannot fail.
+        let _ = self.write_to(layout, &mut out);
+        String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    }
+
+    /// The restore input in upstream's layout (what `iptables-restore` gets in one piece).
+    pub fn payload(&self) -> String {
+        self.text(Layout::Canonical)
+    }
+}
+
+impl RestoreInput for Rendered<'_> {
+    fn write_to(&self, layout: Layout, out: &mut dyn io::Write) -> io::Result<()> {
+        match layout {
+            Layout::Canonical => self.document.write_canonical(out),
+            Layout::DependencyOrder => self.document.write_dependency_ordered(out),
+        }
+    }
+}
+
+impl fmt::Debug for Rendered<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rendered").field("full", &self.full).field("stats", &self.stats).finish_non_exhaustive()
+    }
 }
 
 /// Total endpoints of the services in the map: decides large-cluster mode.
@@ -151,7 +202,7 @@ pub fn total_endpoints(services: &ServicePortMap, endpoints: &EndpointsMap) -> u
 }
 
 /// Renders the filter and nat tables.
-pub fn render(cfg: &RenderConfig, input: &RenderInput<'_>, state: &RenderState) -> Rendered {
+pub fn render<'a>(cfg: &RenderConfig, input: &RenderInput<'a>, state: &RenderState) -> Rendered<'a> {
     let mut r = Renderer::new(cfg, input, state);
     r.run();
     r.finish()
@@ -232,13 +283,6 @@ fn push_endpoint_chain(out: &mut String, svc: &ServicePortInfo, ep: &EndpointInf
     out.push_str(dnat_match);
     out.push_str(&ep.endpoint);
     out.push('\n');
-}
-
-/// An upper bound of what [`push_endpoint_chain`] writes.
-fn endpoint_chain_len(svc: &ServicePortInfo, ep: &EndpointInfo, large: bool) -> usize {
-    let comments = if large { 0 } else { 2 * (22 + svc.name_string.len()) };
-    let sticky = if svc.sticky_seconds.is_some() { 50 } else { 0 };
-    130 + comments + sticky + 2 * ep.endpoint.len()
 }
 
 fn sort_key(name: &str) -> u128 {
@@ -333,9 +377,9 @@ impl<'s> ServicePlan<'s> {
     }
 }
 
-struct Renderer<'a> {
-    cfg: &'a RenderConfig,
-    input: &'a RenderInput<'a>,
+struct Renderer<'r, 'a> {
+    cfg: &'r RenderConfig,
+    input: &'r RenderInput<'a>,
     large: bool,
     // Top-level chain bodies.
     filter_services: String,
@@ -347,8 +391,6 @@ struct Renderer<'a> {
     // Per-service nat chains: rule text in one arena, spans per chain.
     arena: String,
     spans: Vec<ChainSpan<'a>>,
-    /// Upper bound of the bytes the KUBE-SEP- chains will take in the payload.
-    endpoint_chain_bytes: usize,
     /// The per-service chains this state needs (whether rewritten or not): they must not be
     /// deleted as stale, and they are what the kernel holds after the restore.
     active: KeySet,
@@ -356,14 +398,14 @@ struct Renderer<'a> {
     probabilities: Vec<String>,
     stats: RenderStats,
     skipped_nat_rules: usize,
-    state: &'a RenderState,
+    state: &'r RenderState,
     /// Write every service's chains (full sync, or large-cluster mode flipped).
     rewrite_all: bool,
     service_rules: HashMap<ServicePortName, usize>,
 }
 
-impl<'a> Renderer<'a> {
-    fn new(cfg: &'a RenderConfig, input: &'a RenderInput<'a>, state: &'a RenderState) -> Self {
+impl<'r, 'a> Renderer<'r, 'a> {
+    fn new(cfg: &'r RenderConfig, input: &'r RenderInput<'a>, state: &'r RenderState) -> Self {
         let total = total_endpoints(input.services, input.endpoints);
         let large = total > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
         let rewrite_all = input.changed.is_none() || state.large_cluster_mode != Some(large);
@@ -379,7 +421,6 @@ impl<'a> Renderer<'a> {
             nat_nodeports: String::new(),
             arena: String::with_capacity(total * 100 + input.services.len() * 300),
             spans: Vec::with_capacity(total + input.services.len() * 2),
-            endpoint_chain_bytes: 0,
             active: KeySet::with_capacity_and_hasher(total + input.services.len() * 4, Default::default()),
             stale: Vec::new(),
             probabilities: Vec::new(),
@@ -457,7 +498,6 @@ impl<'a> Renderer<'a> {
         }
         let arena_before = self.arena.len();
         let spans_before = self.spans.len();
-        let endpoint_bytes_before = self.endpoint_chain_bytes;
 
         self.external_chain(svc, &plan);
         self.firewall_chain(svc, &plan);
@@ -471,7 +511,6 @@ impl<'a> Renderer<'a> {
             self.skipped_nat_rules += rules;
             self.arena.truncate(arena_before);
             self.spans.truncate(spans_before);
-            self.endpoint_chain_bytes = endpoint_bytes_before;
         }
     }
 
@@ -739,7 +778,6 @@ impl<'a> Renderer<'a> {
     /// assembly ([`SpanBody::Endpoint`]).
     fn endpoint_chains(&mut self, svc: &'a ServicePortInfo, cat: &Categorized<'a>) {
         for ep in &cat.all_reachable {
-            self.endpoint_chain_bytes += endpoint_chain_len(svc, ep, self.large);
             self.spans.push(ChainSpan::endpoint(svc, ep));
         }
     }
@@ -812,31 +850,58 @@ impl<'a> Renderer<'a> {
         }
     }
 
-    /// Assembles the payload: `*filter`, then `*nat` with every per-service chain written
-    /// and the stale chains' deletions.
-    fn finish(mut self) -> Rendered {
+    /// Puts the restore input's parts in order and counts what it holds: `*filter`, then
+    /// `*nat` with every per-service chain written and the stale chains' deletions.
+    fn finish(mut self) -> Rendered<'a> {
         let filter = self.filter_chains();
         let nat_fixed = self.nat_fixed_chains();
 
-        let mut top_level = Vec::new();
-        let top_len: usize = filter.iter().chain(nat_fixed.iter()).map(|c| c.rules.len() + 64).sum();
-        let mut out = String::with_capacity(
-            self.arena.len()
-                + self.endpoint_chain_bytes
-                + self.spans.len() * 40
-                + self.stale.len() * 80
-                + top_len
-                + 256,
-        );
-        self.write_filter_table(&mut out, filter, &mut top_level);
-        self.write_nat_table(&mut out, nat_fixed, &mut top_level);
+        self.stats.filter_rules_total = filter.iter().map(|c| count_lines(&c.rules)).sum();
+        let filter: Vec<_> = filter.into_iter().filter(|c| !self.unchanged(c.key, &c.rules)).collect();
+        self.stats.filter_chains = filter.len();
+        self.stats.filter_rules = filter.iter().map(|c| count_lines(&c.rules)).sum();
+
+        let mut nat_firsts = Vec::new();
+        let mut nat_others = Vec::with_capacity(self.stale.len() + 4);
+        let mut omitted_nat_rules = 0;
+        for c in nat_fixed {
+            if self.unchanged(c.key, &c.rules) {
+                omitted_nat_rules += count_lines(&c.rules);
+            } else if c.chain == chains::KUBE_NODEPORTS || c.chain == chains::KUBE_SERVICES {
+                nat_firsts.push(c);
+            } else {
+                nat_others.push(Other::Top(c));
+            }
+        }
+        nat_others.extend(std::mem::take(&mut self.stale).into_iter().map(Other::Stale));
+        nat_others
+            .sort_unstable_by(|a, b| sort_key(a.name()).cmp(&sort_key(b.name())).then_with(|| a.name().cmp(b.name())));
+        // Each per-service chain has exactly one span: its rules are written together.
+        self.spans.sort_unstable_by(|a, b| a.sort.cmp(&b.sort).then_with(|| a.name.as_str().cmp(b.name.as_str())));
+
+        let deleted = nat_others.iter().filter(|o| matches!(o, Other::Stale(_))).count();
+        let top_rules: usize = nat_firsts.iter().map(|c| count_lines(&c.rules)).sum::<usize>()
+            + nat_others.iter().map(|o| if let Other::Top(c) = o { count_lines(&c.rules) } else { 0 }).sum::<usize>();
+        let nat_rules = top_rules + self.spans.iter().map(ChainSpan::rules).sum::<usize>() + deleted;
+        self.stats.nat_chains = nat_firsts.len() + self.spans.len() + nat_others.len();
+        self.stats.deleted_chains = deleted;
+        self.stats.nat_rules = nat_rules;
+        self.stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - deleted;
+
+        self.arena.shrink_to_fit();
         Rendered {
-            payload: out,
             full: self.input.changed.is_none(),
             stats: self.stats,
-            top_level,
             service_rules: self.service_rules,
             active_nat_chains: self.active,
+            document: Document {
+                filter,
+                nat_firsts,
+                nat_others,
+                spans: self.spans,
+                arena: self.arena,
+                large: self.large,
+            },
         }
     }
 
@@ -891,93 +956,6 @@ impl<'a> Renderer<'a> {
             TopLevelChain::new("nat/KUBE-MARK-MASQ", chains::KUBE_MARK_MASQ, mark_masq_rules(self.cfg)),
             TopLevelChain::new("nat/KUBE-POSTROUTING", chains::KUBE_POSTROUTING, postrouting_rules(self.cfg)),
         ]
-    }
-
-    /// Writes `*filter`: the chains whose rules changed since the last sync (all on a full
-    /// sync).
-    fn write_filter_table(
-        &mut self,
-        out: &mut String,
-        filter: Vec<TopLevelChain>,
-        top_level: &mut Vec<(&'static str, String)>,
-    ) {
-        out.push_str("*filter\n");
-        self.stats.filter_rules_total = filter.iter().map(|c| count_lines(&c.rules)).sum();
-        let filter: Vec<_> = filter.into_iter().filter(|c| !self.unchanged(c.key, &c.rules)).collect();
-        for c in &filter {
-            push_chain_line(out, c.chain);
-        }
-        for c in filter {
-            out.push_str(&c.rules);
-            self.stats.filter_chains += 1;
-            self.stats.filter_rules += count_lines(&c.rules);
-            top_level.push((c.key, c.rules));
-        }
-        out.push_str("COMMIT\n");
-    }
-
-    /// Writes `*nat`: the two fixed-first chains, then everything else by name (the
-    /// per-service chains, sorted in place, merged with the few other top-level and stale
-    /// chains), then the stale chains' deletions.
-    fn write_nat_table(
-        &mut self,
-        out: &mut String,
-        nat_fixed: Vec<TopLevelChain>,
-        top_level: &mut Vec<(&'static str, String)>,
-    ) {
-        out.push_str("*nat\n");
-        let mut firsts: Vec<TopLevelChain> = Vec::new();
-        let mut others: Vec<(u128, &str, Other)> = Vec::with_capacity(self.stale.len() + 4);
-        let mut omitted_nat_rules = 0;
-        for c in nat_fixed {
-            if self.unchanged(c.key, &c.rules) {
-                omitted_nat_rules += count_lines(&c.rules);
-                continue;
-            }
-            if c.chain == chains::KUBE_NODEPORTS || c.chain == chains::KUBE_SERVICES {
-                firsts.push(c);
-            } else {
-                others.push((sort_key(c.chain), c.chain, Other::Top(c.key, c.rules)));
-            }
-        }
-        for chain in &self.stale {
-            others.push((sort_key(chain), chain.as_str(), Other::Stale));
-        }
-        others.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-        // Each per-service chain has exactly one span: its rules are written together.
-        self.spans.sort_unstable_by(|a, b| a.sort.cmp(&b.sort).then_with(|| a.name.as_str().cmp(b.name.as_str())));
-
-        for c in &firsts {
-            push_chain_line(out, c.chain);
-        }
-        for item in merged(&self.spans, &others) {
-            match item {
-                Merged::Span(span) => push_chain_line(out, &span.name),
-                Merged::Other(chain, _) => push_chain_line(out, chain),
-            }
-        }
-        self.stats.nat_chains = firsts.len() + self.spans.len() + others.len();
-        let mut nat_rules = 0;
-        for c in &firsts {
-            out.push_str(&c.rules);
-            nat_rules += count_lines(&c.rules);
-        }
-        nat_rules += write_nat_chain_rules(out, &self.arena, &self.spans, &others, self.large);
-        let deleted = write_stale_deletions(out, &others);
-        nat_rules += deleted;
-        self.stats.deleted_chains += deleted;
-        out.push_str("COMMIT\n");
-        for c in firsts {
-            top_level.push((c.key, c.rules));
-        }
-        for (_, _, body) in others {
-            if let Other::Top(key, text) = body {
-                top_level.push((key, text));
-            }
-        }
-
-        self.stats.nat_rules = nat_rules;
-        self.stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - self.stats.deleted_chains;
     }
 }
 
@@ -1048,80 +1026,223 @@ fn mark_masq_rules(cfg: &RenderConfig) -> String {
     format!("-A KUBE-MARK-MASQ -j MARK --or-mark {}\n", cfg.masquerade_mark)
 }
 
-/// Writes the rules of the nat chains after the fixed-first ones, in name order (`spans`
-/// and `others` sorted); returns how many.
-fn write_nat_chain_rules(
-    out: &mut String,
-    arena: &str,
-    spans: &[ChainSpan<'_>],
-    others: &[(u128, &str, Other)],
+/// A restore input as the renderer's parts, in canonical order, written on demand.
+struct Document<'a> {
+    /// The filter chains written, in canonical order.
+    filter: Vec<TopLevelChain>,
+    /// nat `KUBE-NODEPORTS` and `KUBE-SERVICES` when written: they come first.
+    nat_firsts: Vec<TopLevelChain>,
+    /// The other top-level nat chains written and the stale chains, sorted by name.
+    nat_others: Vec<Other>,
+    /// The per-service chains written, sorted by name.
+    spans: Vec<ChainSpan<'a>>,
+    arena: String,
     large: bool,
-) -> usize {
-    let mut nat_rules = 0;
-    for item in merged(spans, others) {
-        match item {
-            Merged::Span(span) => {
-                match span.body {
-                    SpanBody::Arena { start, end, .. } => out.push_str(&arena[start..end]),
-                    SpanBody::Endpoint { svc, ep } => push_endpoint_chain(out, svc, ep, &span.name, large),
+}
+
+/// Where a [`Document`] is written: text is built in a buffer and passed on in chunks, so
+/// the writer formats into a `String` and the output sees few large writes.
+struct Chunked<'w> {
+    buf: String,
+    out: &'w mut dyn io::Write,
+}
+
+impl<'w> Chunked<'w> {
+    const CHUNK: usize = 64 * 1024;
+
+    fn new(out: &'w mut dyn io::Write) -> Self {
+        Chunked { buf: String::with_capacity(Self::CHUNK * 2), out }
+    }
+
+    /// Passes the buffer on once it holds a chunk.
+    fn spill(&mut self) -> io::Result<()> {
+        if self.buf.len() >= Self::CHUNK {
+            self.out.write_all(self.buf.as_bytes())?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> io::Result<()> {
+        self.out.write_all(self.buf.as_bytes())
+    }
+}
+
+impl Document<'_> {
+    /// Upstream's layout: each table's chain lines, then its rules, then the deletions.
+    fn write_canonical(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        let mut w = Chunked::new(out);
+        w.buf.push_str("*filter\n");
+        for c in &self.filter {
+            push_chain_line(&mut w.buf, c.chain);
+        }
+        for c in &self.filter {
+            w.buf.push_str(&c.rules);
+            w.spill()?;
+        }
+        w.buf.push_str("COMMIT\n*nat\n");
+        for c in &self.nat_firsts {
+            push_chain_line(&mut w.buf, c.chain);
+        }
+        for item in self.merged() {
+            push_chain_line(&mut w.buf, item.name());
+            w.spill()?;
+        }
+        for c in &self.nat_firsts {
+            w.buf.push_str(&c.rules);
+            w.spill()?;
+        }
+        for item in self.merged() {
+            self.push_rules(&mut w.buf, &item);
+            w.spill()?;
+        }
+        self.push_deletions(&mut w.buf);
+        w.buf.push_str("COMMIT\n");
+        w.finish()
+    }
+
+    /// [`Layout::DependencyOrder`]: every chain after those it jumps to, known from the
+    /// chain's kind ([`dependency_rank`]); each chain line followed by its rules; the stale
+    /// chains' flushes, then their deletions, last.
+    fn write_dependency_ordered(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        let mut w = Chunked::new(out);
+        w.buf.push_str("*filter\n");
+        for c in &self.filter {
+            push_chain_line(&mut w.buf, c.chain);
+            w.buf.push_str(&c.rules);
+            w.spill()?;
+        }
+        w.buf.push_str("COMMIT\n*nat\n");
+        for rank in 0..=MAX_DEPENDENCY_RANK {
+            for c in self.nat_firsts.iter().filter(|c| dependency_rank(c.chain) == rank) {
+                push_chain_line(&mut w.buf, c.chain);
+                w.buf.push_str(&c.rules);
+                w.spill()?;
+            }
+            for item in self.merged() {
+                if !matches!(item, Merged::Other(Other::Stale(_))) && dependency_rank(item.name()) == rank {
+                    push_chain_line(&mut w.buf, item.name());
+                    self.push_rules(&mut w.buf, &item);
+                    w.spill()?;
                 }
-                nat_rules += span.rules();
             }
-            Merged::Other(_, Other::Top(_, text)) => {
-                out.push_str(text);
-                nat_rules += count_lines(text);
+        }
+        for other in &self.nat_others {
+            if let Other::Stale(chain) = other {
+                push_chain_line(&mut w.buf, chain);
+                w.spill()?;
             }
-            Merged::Other(_, Other::Stale) => {}
+        }
+        self.push_deletions(&mut w.buf);
+        w.buf.push_str("COMMIT\n");
+        w.finish()
+    }
+
+    /// The nat chains after the fixed-first ones, per-service and others merged in name
+    /// order.
+    fn merged(&self) -> impl Iterator<Item = Merged<'_, '_>> {
+        let mut spans = self.spans.iter().peekable();
+        let mut others = self.nat_others.iter().peekable();
+        std::iter::from_fn(move || match (spans.peek(), others.peek()) {
+            (Some(span), Some(other)) => {
+                let name = other.name();
+                let span_first = span.sort.cmp(&sort_key(name)).then_with(|| span.name.as_str().cmp(name)).is_lt();
+                if span_first { spans.next().map(Merged::Span) } else { others.next().map(Merged::Other) }
+            }
+            (Some(_), None) => spans.next().map(Merged::Span),
+            (None, _) => others.next().map(Merged::Other),
+        })
+    }
+
+    fn push_rules(&self, out: &mut String, item: &Merged<'_, '_>) {
+        match item {
+            Merged::Span(span) => match span.body {
+                SpanBody::Arena { start, end, .. } => out.push_str(&self.arena[start..end]),
+                SpanBody::Endpoint { svc, ep } => push_endpoint_chain(out, svc, ep, &span.name, self.large),
+            },
+            Merged::Other(Other::Top(c)) => out.push_str(&c.rules),
+            Merged::Other(Other::Stale(_)) => {}
         }
     }
-    nat_rules
-}
 
-/// Writes a `-X` line for each stale chain in `others`; returns how many.
-fn write_stale_deletions(out: &mut String, others: &[(u128, &str, Other)]) -> usize {
-    let mut deleted = 0;
-    for (_, chain, body) in others {
-        if matches!(body, Other::Stale) {
-            out.push_str("-X ");
-            out.push_str(chain);
-            out.push('\n');
-            deleted += 1;
+    /// A `-X` line for each stale chain.
+    fn push_deletions(&self, out: &mut String) {
+        for other in &self.nat_others {
+            if let Other::Stale(chain) = other {
+                out.push_str("-X ");
+                out.push_str(chain);
+                out.push('\n');
+            }
         }
     }
-    deleted
+
+    /// The top-level chains written, taken out (for [`RenderState::commit`]).
+    fn take_top_level(&mut self) -> Vec<TopLevelChain> {
+        let mut written = std::mem::take(&mut self.filter);
+        written.append(&mut self.nat_firsts);
+        for other in std::mem::take(&mut self.nat_others) {
+            if let Other::Top(c) = other {
+                written.push(c);
+            }
+        }
+        written
+    }
 }
 
-/// A nat chain other than the per-service ones: a top-level chain written in this sync
-/// (key and rules) or a stale chain to delete.
+/// The highest [`dependency_rank`].
+const MAX_DEPENDENCY_RANK: u8 = 6;
+
+/// Where a nat chain goes in [`Layout::DependencyOrder`]: after every chain it can jump to.
+/// Endpoint chains jump to KUBE-MARK-MASQ; service chains to endpoint chains; external
+/// chains to service chains; firewall chains to external or service chains; the node-port
+/// chain to external, firewall or service chains, and KUBE-SERVICES to all of those and to
+/// KUBE-NODEPORTS. (The jumps of every render are checked against this in the tests.)
+fn dependency_rank(chain: &str) -> u8 {
+    if chain.starts_with(chains::ENDPOINT_CHAIN_PREFIX) {
+        1
+    } else if chain.starts_with(chains::SERVICE_CHAIN_PREFIX) || chain.starts_with(chains::SERVICE_LOCAL_CHAIN_PREFIX) {
+        2
+    } else if chain.starts_with(chains::SERVICE_EXTERNAL_CHAIN_PREFIX) {
+        3
+    } else if chain.starts_with(chains::SERVICE_FIREWALL_CHAIN_PREFIX) {
+        4
+    } else if chain == chains::KUBE_NODEPORTS {
+        5
+    } else if chain == chains::KUBE_SERVICES {
+        MAX_DEPENDENCY_RANK
+    } else {
+        0
+    }
+}
+
+/// A nat chain other than the per-service ones: a top-level chain written in this sync or
+/// a stale chain to delete.
 enum Other {
-    Top(&'static str, String),
-    Stale,
+    Top(TopLevelChain),
+    Stale(String),
+}
+
+impl Other {
+    fn name(&self) -> &str {
+        match self {
+            Other::Top(c) => c.chain,
+            Other::Stale(chain) => chain,
+        }
+    }
 }
 
 enum Merged<'s, 'a> {
     Span(&'s ChainSpan<'a>),
-    Other(&'s str, &'s Other),
+    Other(&'s Other),
 }
 
-/// `spans` and `others`, both sorted by name, merged in name order.
-fn merged<'s, 'a>(
-    spans: &'s [ChainSpan<'a>],
-    others: &'s [(u128, &'s str, Other)],
-) -> impl Iterator<Item = Merged<'s, 'a>> {
-    let mut spans = spans.iter().peekable();
-    let mut others = others.iter().peekable();
-    std::iter::from_fn(move || match (spans.peek(), others.peek()) {
-        (Some(span), Some((sort, name, _))) => {
-            let span_first = span.sort.cmp(sort).then_with(|| span.name.as_str().cmp(name)).is_lt();
-            if span_first {
-                spans.next().map(Merged::Span)
-            } else {
-                others.next().map(|(_, name, body)| Merged::Other(name, body))
-            }
+impl Merged<'_, '_> {
+    fn name(&self) -> &str {
+        match self {
+            Merged::Span(span) => &span.name,
+            Merged::Other(other) => other.name(),
         }
-        (Some(_), None) => spans.next().map(Merged::Span),
-        (None, _) => others.next().map(|(_, name, body)| Merged::Other(name, body)),
-    })
+    }
 }
 
 /// `ns/name` of an `ns/name:port` string.

@@ -100,7 +100,8 @@ impl TestProxier {
         let ipt = Arc::new(FakeIptables::new(family));
         ipt.set_has_random_fully(render.random_fully);
         let cfg = ProxierConfig { render, hostname: TEST_NODE_NAME.into(), sync_period: Duration::from_secs(30) };
-        let proxier = Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces())));
+        let proxier =
+            Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces()))).with_payload_recording();
         proxier.on_services_synced();
         proxier.on_endpoint_slices_synced();
         TestProxier { proxier, ipt, now: Instant::now() }
@@ -147,7 +148,7 @@ impl TestProxier {
         match self.proxier.sync(self.now) {
             SyncOutcome::Synced(report) => {
                 if let Err(e) = &report.result {
-                    panic!("sync failed: {e}\npayload:\n{}", report.payload);
+                    panic!("sync failed: {e}\npayload:\n{}", report.payload.as_deref().unwrap_or_default());
                 }
                 *report
             }
@@ -158,7 +159,7 @@ impl TestProxier {
     /// Syncs and returns the restore payload.
     #[track_caller]
     pub fn sync_payload(&mut self) -> String {
-        self.sync().payload
+        self.sync().payload.expect("the test proxier records payloads")
     }
 }
 
