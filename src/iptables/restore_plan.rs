@@ -12,8 +12,10 @@
 //! chains it jumps to, each declaration followed by its rules, the flushes of chains to
 //! delete and then their deletions last. The [`Cutter`] reads that stream as it is written
 //! (the proxier's rendered rules write themselves into it: no copy of the whole input
-//! exists) and applies a piece each time the next chain would take it over the budget. The
-//! pieces keep every packet on a complete path while they are applied one after the other:
+//! exists) and applies a piece each time the next chain would take it over the budget (a
+//! small table shares its run with the start of the next; within a piece each table is laid
+//! out as upstream lays it out: declarations, rules, deletions). The pieces keep every packet
+//! on a complete path while they are applied one after the other:
 //! * a chain is never split: its flush (`:CHAIN`) and all its rules are in one transaction;
 //! * chains go bottom-up: a rewritten parent only ever refers to children already in their
 //!   new state (a child rewritten earlier still does what its old parent expects: endpoint
@@ -36,24 +38,25 @@ use super::{IptablesError, Layout, RestoreInput};
 /// comparable to its fixed cost.
 pub const DEFAULT_BUDGET: u64 = 8_000_000;
 
-/// One transaction of a cut restore: a table header, whole chains, `COMMIT`.
+/// One `iptables-restore` run of a cut restore: sections of whole chains, each between its
+/// table's header and a `COMMIT` (a small table and the start of the next share a run).
 #[derive(Debug)]
 pub struct Piece<'a> {
     pub text: &'a [u8],
-    /// The number, in the whole input, of this piece's header line and of its second line
-    /// (the lines after it follow on in the input).
-    header_line: usize,
-    body_line: usize,
+    /// Where runs of this piece's lines come from: (first line here, its number in the whole
+    /// input), in order; the lines after each start follow on in the input.
+    origins: &'a [(usize, usize)],
 }
 
 impl Piece<'_> {
-    /// The number in the whole input of line `line` (1-based) of this piece. A piece's
-    /// `COMMIT` is the input's own only when it ends the table; otherwise it is numbered as
-    /// the line the next piece starts with.
+    /// The number in the whole input of line `line` (1-based) of this piece. A `COMMIT` that
+    /// does not end its table in the input is numbered as the line the next piece starts
+    /// with.
     pub fn input_line(&self, line: usize) -> usize {
-        match line {
-            0 | 1 => self.header_line,
-            n => self.body_line + (n - 2),
+        let at = self.origins.partition_point(|&(first, _)| first <= line);
+        match at.checked_sub(1).map(|i| self.origins[i]) {
+            Some((first, input)) => input + (line - first),
+            None => self.origins.first().map_or(line, |&(_, input)| input),
         }
     }
 
@@ -75,42 +78,138 @@ pub struct Cutter<F> {
     lines: usize,
     /// The open table's `*name` line and its number.
     header: Option<(Vec<u8>, usize)>,
+    /// The chain being read (or a deletion): a unit that is never cut.
+    unit: Unit,
     piece: PieceText,
-    unit: PieceText,
     failed: Option<IptablesError>,
     pieces: usize,
 }
 
-/// Whole lines of a piece (or of one chain being read), the first one's number, and the
-/// chain names they mention.
+/// One chain as read (its declaration and its rules), or one deletion, and the chain names
+/// it mentions: a unit that is never cut.
 #[derive(Default)]
-struct PieceText {
-    text: Vec<u8>,
-    first_line: usize,
-    lines: usize,
+struct Unit {
+    declaration: Option<(Vec<u8>, usize)>,
+    rules: Vec<u8>,
+    first_rule_line: usize,
+    rule_lines: usize,
     names: HashSet<String>,
 }
 
-impl PieceText {
-    fn push(&mut self, line: &[u8], number: usize) {
-        if self.lines == 0 {
-            self.first_line = number;
+impl Unit {
+    fn lines(&self) -> usize {
+        usize::from(self.declaration.is_some()) + self.rule_lines
+    }
+
+    fn push_rule(&mut self, line: &[u8], number: usize) {
+        if self.rule_lines == 0 {
+            self.first_rule_line = number;
         }
+        self.rules.extend_from_slice(line);
+        self.rules.push(b'\n');
+        self.rule_lines += 1;
+    }
+
+    fn clear(&mut self) {
+        self.declaration = None;
+        self.rules.clear();
+        self.rule_lines = 0;
+        self.names.clear();
+    }
+}
+
+/// The text of the piece being filled: the table sections already complete, and the open
+/// one laid out as upstream lays out a table (declarations, then rules and deletions; with
+/// declarations next to their rules iptables-nft-restore is 8 % slower on a 10k first sync).
+#[derive(Default)]
+struct PieceText {
+    text: Vec<u8>,
+    lines: usize,
+    origins: Vec<(usize, usize)>,
+    names: HashSet<String>,
+    /// The open section's header line and its number in the input.
+    header: Option<(Vec<u8>, usize)>,
+    declarations: Vec<u8>,
+    declaration_lines: Vec<usize>,
+    rules: Vec<u8>,
+    rule_lines: usize,
+    /// Runs of the open section's rules: (index among its rule lines, input line).
+    rule_runs: Vec<(usize, usize)>,
+    /// The input line after the last rule added.
+    next_input_line: usize,
+}
+
+impl PieceText {
+    /// Lines of the piece so far, an open section's header counted.
+    fn len(&self) -> usize {
+        self.lines + self.header.as_ref().map_or(0, |_| 1 + self.declaration_lines.len() + self.rule_lines)
+    }
+
+    fn open(&mut self, header: &[u8], line: usize) {
+        self.header = Some((header.to_vec(), line));
+        self.next_input_line = line + 1;
+    }
+
+    fn push_unit(&mut self, unit: &mut Unit) {
+        if let Some((declaration, line)) = unit.declaration.take() {
+            self.declarations.extend_from_slice(&declaration);
+            self.declarations.push(b'\n');
+            self.declaration_lines.push(line);
+            self.next_input_line = line + 1;
+        }
+        if unit.rule_lines > 0 {
+            self.rule_runs.push((self.rule_lines, unit.first_rule_line));
+            self.rules.extend_from_slice(&unit.rules);
+            self.rule_lines += unit.rule_lines;
+            self.next_input_line = unit.first_rule_line + unit.rule_lines;
+        }
+        let names = std::mem::take(&mut unit.names);
+        self.names.extend(names);
+        unit.clear();
+    }
+
+    fn push_line(&mut self, line: &[u8], input_line: usize) {
+        self.lines += 1;
+        self.origins.push((self.lines, input_line));
         self.text.extend_from_slice(line);
         self.text.push(b'\n');
-        self.lines += 1;
+    }
+
+    /// Ends the open section with a `COMMIT` numbered `commit_line` in the input.
+    fn close(&mut self, commit_line: usize) {
+        let Some((header, header_line)) = self.header.take() else {
+            return;
+        };
+        self.push_line(&header, header_line);
+        let first_declaration = self.lines + 1;
+        let declared = self.declaration_lines.iter().enumerate().map(|(i, &line)| (first_declaration + i, line));
+        self.origins.extend(declared);
+        self.text.extend_from_slice(&self.declarations);
+        self.lines += self.declaration_lines.len();
+        let first_rule = self.lines + 1;
+        self.origins.extend(self.rule_runs.iter().map(|&(index, line)| (first_rule + index, line)));
+        self.text.extend_from_slice(&self.rules);
+        self.lines += self.rule_lines;
+        self.push_line(b"COMMIT", commit_line);
+        self.declarations.clear();
+        self.declaration_lines.clear();
+        self.rules.clear();
+        self.rule_lines = 0;
+        self.rule_runs.clear();
+    }
+
+    /// What restoring this text with `unit` added would cost (headers and COMMITs counted
+    /// as two lines).
+    fn cost_with(&self, unit: &Unit) -> u64 {
+        let names = self.names.len() + unit.names.iter().filter(|n| !self.names.contains(*n)).count();
+        ((self.len() + unit.lines() + 2) as u64).saturating_mul(names as u64)
     }
 
     fn clear(&mut self) {
         self.text.clear();
         self.lines = 0;
+        self.origins.clear();
         self.names.clear();
-    }
-
-    /// What restoring this text with `unit` added would cost (header and COMMIT included).
-    fn cost_with(&self, unit: &PieceText) -> u64 {
-        let names = self.names.len() + unit.names.iter().filter(|n| !self.names.contains(*n)).count();
-        ((self.lines + unit.lines + 2) as u64).saturating_mul(names as u64)
     }
 }
 
@@ -122,8 +221,8 @@ impl<F: FnMut(&Piece<'_>) -> Result<(), IptablesError>> Cutter<F> {
             partial: Vec::new(),
             lines: 0,
             header: None,
+            unit: Unit::default(),
             piece: PieceText::default(),
-            unit: PieceText::default(),
             failed: None,
             pieces: 0,
         }
@@ -141,6 +240,7 @@ impl<F: FnMut(&Piece<'_>) -> Result<(), IptablesError>> Cutter<F> {
         if self.header.is_some() {
             return Err(self.input_error(io::Error::new(io::ErrorKind::InvalidData, "table without COMMIT")));
         }
+        self.apply_piece().map_err(|e| self.input_error(e))?;
         Ok(self.pieces)
     }
 
@@ -152,7 +252,7 @@ impl<F: FnMut(&Piece<'_>) -> Result<(), IptablesError>> Cutter<F> {
         self.lines += 1;
         let number = self.lines;
         let line = raw.strip_suffix(b"\r").unwrap_or(raw);
-        let Some((_, header_line)) = &self.header else {
+        if self.header.is_none() {
             if line.starts_with(b"*") {
                 self.header = Some((line.to_vec(), number));
                 return Ok(());
@@ -161,70 +261,64 @@ impl<F: FnMut(&Piece<'_>) -> Result<(), IptablesError>> Cutter<F> {
                 return Ok(());
             }
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("line {number}: not in a table")));
-        };
-        let _ = header_line;
+        }
         if line == b"COMMIT" {
             self.close_unit()?;
-            self.apply_piece()?;
+            self.piece.close(number);
             self.header = None;
             return Ok(());
         }
         let text = std::str::from_utf8(line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        if let Some(rest) = text.strip_prefix(':').or_else(|| text.strip_prefix("-X ")) {
-            // A chain's declaration (or a deletion) starts the next unit.
+        if let Some(rest) = text.strip_prefix(':') {
+            // A chain's declaration starts the next unit.
             self.close_unit()?;
             if let Some(name) = rest.split_ascii_whitespace().next() {
                 self.unit.names.insert(name.to_string());
             }
+            self.unit.declaration = Some((line.to_vec(), number));
+            return Ok(());
+        }
+        if let Some(rest) = text.strip_prefix("-X ") {
+            // So does a deletion.
+            self.close_unit()?;
+            self.unit.names.insert(rest.trim().to_string());
         } else if let Some(rest) = text.strip_prefix("-A ").or_else(|| text.strip_prefix("-I ")) {
-            if let Some(name) = rest.split_ascii_whitespace().next()
-                && !self.unit.names.contains(name)
-            {
-                self.unit.names.insert(name.to_string());
-            }
-            if let Some(target) = jump_target(rest)
-                && !self.unit.names.contains(target)
-            {
-                self.unit.names.insert(target.to_string());
+            for name in rest.split_ascii_whitespace().next().into_iter().chain(jump_target(rest)) {
+                if !self.unit.names.contains(name) {
+                    self.unit.names.insert(name.to_string());
+                }
             }
         }
-        self.unit.push(line, number);
+        self.unit.push_rule(line, number);
         Ok(())
     }
 
     /// Adds the unit just read to the piece, applying the piece first if the unit would take
     /// it over the budget.
     fn close_unit(&mut self) -> io::Result<()> {
-        if self.unit.lines == 0 {
+        if self.unit.lines() == 0 {
             return Ok(());
         }
-        if self.piece.lines > 0 && self.piece.cost_with(&self.unit) > self.budget {
+        if self.piece.len() > 0 && self.piece.cost_with(&self.unit) > self.budget {
             self.apply_piece()?;
         }
-        if self.piece.lines == 0 {
-            self.piece.first_line = self.unit.first_line;
+        if self.piece.header.is_none()
+            && let Some((header, header_line)) = &self.header
+        {
+            self.piece.open(header, *header_line);
         }
-        self.piece.text.extend_from_slice(&self.unit.text);
-        self.piece.lines += self.unit.lines;
-        let names = std::mem::take(&mut self.unit.names);
-        self.piece.names.extend(names);
-        self.unit.clear();
+        self.piece.push_unit(&mut self.unit);
         Ok(())
     }
 
+    /// Applies the piece so far, committing a table section it leaves open.
     fn apply_piece(&mut self) -> io::Result<()> {
-        let Some((header, header_line)) = &self.header else {
-            return Ok(());
-        };
-        if self.piece.lines == 0 {
+        if self.piece.len() == 0 {
             return Ok(());
         }
-        let mut text = Vec::with_capacity(header.len() + self.piece.text.len() + 8);
-        text.extend_from_slice(header);
-        text.push(b'\n');
-        text.extend_from_slice(&self.piece.text);
-        text.extend_from_slice(b"COMMIT\n");
-        let piece = Piece { text: &text, header_line: *header_line, body_line: self.piece.first_line };
+        let next = self.piece.next_input_line;
+        self.piece.close(next);
+        let piece = Piece { text: &self.piece.text, origins: &self.piece.origins };
         let applied = (self.apply)(&piece);
         self.piece.clear();
         match applied {
@@ -601,11 +695,52 @@ COMMIT
     }
 
     #[test]
-    fn within_budget_each_table_is_one_piece() {
+    fn within_budget_the_input_is_one_piece() {
+        // Each table laid out as upstream does: declarations, rules, deletions.
         let pieces = cut(ORDERED, 1_000_000, 4096);
-        let texts: Vec<&str> = pieces.iter().map(|(t, _)| t.as_str()).collect();
-        let (filter, nat) = ORDERED.split_at(ORDERED.find("*nat").unwrap());
-        assert_eq!(texts, [filter, nat]);
+        assert_eq!(pieces.len(), 1);
+        let expected = "*filter
+:KUBE-SERVICES - [0:0]
+-A KUBE-SERVICES -j REJECT
+COMMIT
+*nat
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-SEP-A1 - [0:0]
+:KUBE-SEP-A2 - [0:0]
+:KUBE-SVC-A - [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-OLD - [0:0]
+:KUBE-SEP-OLD - [0:0]
+-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+-A KUBE-SEP-A1 -s 10.1.0.1/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-A1 -p tcp -j DNAT --to-destination 10.1.0.1:80
+-A KUBE-SEP-A2 -s 10.1.0.2/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-A2 -p tcp -j DNAT --to-destination 10.1.0.2:80
+-A KUBE-SVC-A -m statistic --mode random --probability 0.5 -j KUBE-SEP-A1
+-A KUBE-SVC-A -j KUBE-SEP-A2
+-A KUBE-SERVICES -d 10.0.0.1/32 -j KUBE-SVC-A
+-X KUBE-SVC-OLD
+-X KUBE-SEP-OLD
+-X KUBE-SEP-GONE
+COMMIT
+";
+        assert_eq!(pieces[0].0, expected);
+        let numbers = [1, 2, 3, 4, 5, 6, 8, 11, 14, 17, 19, 20, 7, 9, 10, 12, 13, 15, 16, 18, 21, 22, 23, 24];
+        assert_eq!(pieces[0].1, numbers);
+        // Empty tables are left out.
+        let pieces = cut("*filter\nCOMMIT\n*nat\n:A - [0:0]\nCOMMIT\n", 1_000_000, 4096);
+        assert_eq!(pieces, [("*nat\n:A - [0:0]\nCOMMIT\n".to_string(), vec![3, 4, 5])]);
+    }
+
+    #[test]
+    fn a_small_table_shares_a_piece_with_the_start_of_the_next() {
+        // Budget 40: the filter table and KUBE-MARK-MASQ fit together (8 lines × 4 names,
+        // targets counted), the next chain does not.
+        let pieces = cut(ORDERED, 40, 4096);
+        assert!(pieces[0].0.starts_with("*filter\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j REJECT\nCOMMIT\n*nat\n"));
+        assert_eq!(pieces[0].1[..6], [1, 2, 3, 4, 5, 6]);
+        assert!(pieces[0].0.ends_with("-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\nCOMMIT\n"), "{}", pieces[0].0);
+        assert!(pieces[1].0.starts_with("*nat\n"), "{}", pieces[1].0);
     }
 
     #[test]
@@ -629,7 +764,7 @@ COMMIT
     }
 
     #[test]
-    fn every_line_is_applied_once_in_input_order_whatever_the_budget() {
+    fn every_line_is_applied_once_whatever_the_budget() {
         let body: Vec<(usize, String)> = ORDERED
             .lines()
             .enumerate()
@@ -650,6 +785,7 @@ COMMIT
                         }
                     }
                 }
+                seen.sort();
                 assert_eq!(seen, body, "budget {budget} chunk {chunk}");
             }
         }
