@@ -51,7 +51,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::{FlushFlag, Iptables, IptablesError, Layout, RestoreCounters, RestoreInput, Result, RulePosition, Table};
+use super::{FlushFlag, Iptables, IptablesError, RestoreCounters, RestoreInput, Result, RulePosition, Table};
 use crate::model::IpFamily;
 
 const ALL_TABLES: [Table; 3] = [Table::Filter, Table::Nat, Table::Mangle];
@@ -604,11 +604,7 @@ impl Iptables for FakeIptables {
                 return Ok(());
             }
         }
-        let text = super::input_text(input, Layout::Canonical)
-            .map_err(|e| IptablesError::Input { command: self.restore_command().into(), reason: e.to_string() })?;
-        self.restore_internal(None, &text, flush, counters)?;
-        on_step();
-        Ok(())
+        super::restore_input_whole(self, input, flush, counters, on_step)
     }
 
     fn has_random_fully(&self) -> bool {

@@ -211,6 +211,21 @@ impl RestoreInput for CountedInput<'_> {
     }
 }
 
+/// [`Iptables::restore_input`] as one [`Iptables::restore_all`] of the input's text.
+pub fn restore_input_whole<I: Iptables + ?Sized>(
+    iptables: &I,
+    input: &dyn RestoreInput,
+    flush: FlushFlag,
+    counters: RestoreCounters,
+    on_step: &mut dyn FnMut(),
+) -> Result<()> {
+    let text = input_text(input, Layout::Canonical)
+        .map_err(|e| IptablesError::Input { command: "iptables-restore".into(), reason: e.to_string() })?;
+    iptables.restore_all(&text, flush, counters)?;
+    on_step();
+    Ok(())
+}
+
 /// The whole of `input` in `layout`, as bytes.
 pub fn input_text(input: &dyn RestoreInput, layout: Layout) -> io::Result<Vec<u8>> {
     let mut text = Vec::new();
@@ -262,11 +277,7 @@ pub trait Iptables: Send + Sync {
         counters: RestoreCounters,
         on_step: &mut dyn FnMut(),
     ) -> Result<()> {
-        let text = input_text(input, Layout::Canonical)
-            .map_err(|e| IptablesError::Input { command: "iptables-restore".into(), reason: e.to_string() })?;
-        self.restore_all(&text, flush, counters)?;
-        on_step();
-        Ok(())
+        restore_input_whole(self, input, flush, counters, on_step)
     }
     /// Whether MASQUERADE accepts `--random-fully`.
     fn has_random_fully(&self) -> bool;

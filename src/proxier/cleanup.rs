@@ -144,10 +144,7 @@ fn clean_table(ipt: &dyn Iptables, table: Table, fixed: &[&str], service_chains:
             }
         }
         Err(source) => {
-            let context = source
-                .restore_line()
-                .map(|line| save::format_line_context(data.as_bytes(), line, 3))
-                .unwrap_or_default();
+            let context = source.restore_context().unwrap_or_default().to_string();
             let err = CleanupError::Restore { table, source };
             tracing::error!(error = %err, %context, "failed to execute iptables-restore");
             report.errors.push(err);
