@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kube_proxy_rs::iptables::save::chains_from_table;
-use kube_proxy_rs::iptables::{Layout, RestoreInput};
+use kube_proxy_rs::iptables::{CountedInput, Layout, RestoreInput};
 use kube_proxy_rs::model::chains::NatChains;
 use kube_proxy_rs::model::{IpFamily, NamespacedName};
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
@@ -203,19 +203,9 @@ fn main() {
 }
 
 /// Writes the render's restore input as the daemon does (into iptables-restore's stdin;
-/// here, a byte counter) and returns its size: part of what a render costs.
+/// here, nowhere) and returns its size: part of what a render costs.
 fn written_bytes(rendered: &render::Rendered<'_>) -> usize {
-    struct Counter(usize);
-    impl std::io::Write for Counter {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut counter = Counter(0);
-    rendered.write_to(Layout::Canonical, &mut counter).expect("counting cannot fail");
-    counter.0
+    let counted = CountedInput::new(rendered);
+    counted.write_to(Layout::Canonical, &mut std::io::sink()).expect("writing to a sink cannot fail");
+    counted.bytes()
 }

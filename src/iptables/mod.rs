@@ -160,8 +160,8 @@ pub trait RestoreInput: Sync {
     fn write_to(&self, layout: Layout, out: &mut dyn io::Write) -> io::Result<()>;
 }
 
-/// Plain text: written as it is, or reordered by [`restore_plan::write_dependency_ordered`] when it
-/// has the proxier's shape.
+/// Plain text: written as it is, or reordered by [`restore_plan::write_dependency_ordered`]
+/// when it has the proxier's shape.
 impl RestoreInput for &[u8] {
     fn write_to(&self, layout: Layout, out: &mut dyn io::Write) -> io::Result<()> {
         match layout {

@@ -654,19 +654,15 @@ impl Iptables for IptablesRunner {
         counters: RestoreCounters,
         on_step: &mut dyn FnMut(),
     ) -> Result<()> {
-        let budget = match self.split_budget {
-            Some(budget) if self.nf_tables && flush == FlushFlag::NoFlush => budget,
-            _ => {
-                self.restore_internal(None, input, flush, counters).inspect_err(log_restore_line_error)?;
-                on_step();
+        let split_budget = self.split_budget.filter(|_| self.nf_tables && flush == FlushFlag::NoFlush);
+        if let Some(budget) = split_budget {
+            let restore_piece = &mut |piece: &[u8]| self.restore_internal(None, &piece, flush, counters);
+            if apply_in_pieces(input, budget, restore_piece, on_step).inspect_err(log_restore_line_error)? {
                 return Ok(());
             }
-        };
-        let restore_piece = &mut |piece: &[u8]| self.restore_internal(None, &piece, flush, counters);
-        if !apply_in_pieces(input, budget, restore_piece, on_step).inspect_err(log_restore_line_error)? {
-            self.restore_internal(None, input, flush, counters).inspect_err(log_restore_line_error)?;
-            on_step();
         }
+        self.restore_internal(None, input, flush, counters).inspect_err(log_restore_line_error)?;
+        on_step();
         Ok(())
     }
 

@@ -24,7 +24,7 @@ use std::io;
 use std::net::IpAddr;
 
 use crate::compat::Features;
-use crate::iptables::{Layout, RestoreInput};
+use crate::iptables::{Layout, RestoreInput, input_text};
 use crate::model::chains::{self, ChainKey, ChainName, KeySet, NatChains, chain_name};
 use crate::model::{
     EndpointInfo, EndpointRef, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, ServicePortRef,
@@ -167,17 +167,11 @@ impl Rendered<'_> {
         }
     }
 
-    /// The restore input as text, in `layout`.
-    pub fn text(&self, layout: Layout) -> String {
-        let mut out = Vec::new();
-        // Writing into a Vec cannot fail.
-        let _ = self.write_to(layout, &mut out);
-        String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-    }
-
     /// The restore input in upstream's layout (what `iptables-restore` gets in one piece).
     pub fn payload(&self) -> String {
-        self.text(Layout::Canonical)
+        // Writing into a buffer cannot fail, and the renderer writes UTF-8.
+        let text = input_text(self, Layout::Canonical).unwrap_or_default();
+        String::from_utf8(text).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 }
 
