@@ -8,6 +8,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_proxy_rs::compat::Release;
 use kube_proxy_rs::iptables::Table;
 use kube_proxy_rs::model::IpFamily;
+use kube_proxy_rs::proxier::render::RenderStats;
 use kube_proxy_rs::tracker::testing::{Ep, ep, node, slice, svc};
 
 use crate::support::harness::{TEST_NODE_NAME, TestProxier};
@@ -175,14 +176,15 @@ fn mutate(rng: &mut Rng, cluster: &mut Cluster, fp: &mut TestProxier, family: Ip
     }
 }
 
-/// A fresh proxier that knows the whole cluster and does one full sync.
+/// A fresh proxier that knows the whole cluster and does one full sync; with that sync's
+/// figures.
 fn full_sync_of(
     cluster: &Cluster,
     family: IpFamily,
     release: Release,
     extra: &[EndpointSlice],
     extra_svcs: &[Service],
-) -> TestProxier {
+) -> (TestProxier, RenderStats) {
     let mut fp = TestProxier::with_release(family, release);
     if !cluster.zone.is_empty() {
         fp.set_node(&node(TEST_NODE_NAME, &[("topology.kubernetes.io/zone", &cluster.zone)], &[], &[]));
@@ -193,7 +195,7 @@ fn full_sync_of(
     fp.add_slices(extra);
     let report = fp.sync();
     assert!(report.full);
-    fp
+    (fp, report.stats)
 }
 
 fn run_invariant(seed: u64, family: IpFamily, release: Release, steps: usize, large: bool) {
@@ -242,7 +244,24 @@ fn run_invariant_split(
         }
         let report = fp.sync();
         assert_eq!(report.stats.large_cluster_mode, large, "seed {seed} step {step}");
-        let reference = full_sync_of(&cluster, family, release, &big_slices, &big_svcs);
+        let (reference, full_stats) = full_sync_of(&cluster, family, release, &big_slices, &big_svcs);
+        // What exists after the sync is counted the same way whether the entries of a
+        // service were computed or reused from an earlier sync.
+        let totals = |s: &RenderStats| {
+            (
+                s.services,
+                s.endpoints,
+                s.nat_rules_total,
+                s.filter_rules_total,
+                s.no_local_endpoints_internal,
+                s.no_local_endpoints_external,
+            )
+        };
+        assert_eq!(
+            totals(&report.stats),
+            totals(&full_stats),
+            "seed {seed} step {step}: (services, endpoints, nat rules, filter rules, no local internal, no local external)"
+        );
         let got = fp.ipt.save_all();
         let want = reference.ipt.save_all();
         if got != want {
@@ -693,4 +712,65 @@ fn from_1_32_udp_endpoint_changes_run_the_conntrack_reconciler() {
     assert_eq!(ct.listings().len(), 2);
     assert_eq!(ct.entries(), [live]);
     assert_eq!(report.conntrack_reconcile.map(|r| r.deleted), Some(0));
+}
+
+/// A partial render reuses a service's entries in the top-level chains from the last sync
+/// only while what they depend on besides the service itself is unchanged: here the
+/// accounting objects the rules may name (KUBE-NODEPORTS entries count loopback traffic when
+/// one exists). Two partial renders, so the second has memoized entries to reuse.
+#[test]
+fn reused_entries_follow_the_inputs_they_depend_on() {
+    use std::collections::HashSet;
+
+    use kube_proxy_rs::node::nfacct::NfacctCounters;
+    use kube_proxy_rs::proxier::render::{self, RenderInput, RenderState};
+    use kube_proxy_rs::synthetic::{self, ClusterShape};
+    use kube_proxy_rs::tracker::{EndpointChangeTracker, EndpointsMap, ServiceChangeTracker, ServicePortMap};
+
+    let cluster = synthetic::cluster(ClusterShape { services: 40, endpoints_per_service: 2 });
+    let features = kube_proxy_rs::compat::Features::of(Release::V1_29);
+    let mut svc_tracker = ServiceChangeTracker::new(IpFamily::V4, features);
+    let mut ep_tracker = EndpointChangeTracker::new(synthetic::NODE_NAME.to_string(), IpFamily::V4);
+    for s in &cluster.services {
+        svc_tracker.update(None, Some(s));
+    }
+    for s in &cluster.slices {
+        ep_tracker.endpoint_slice_update(s, false);
+    }
+    let (mut services, mut endpoints) = (ServicePortMap::default(), EndpointsMap::default());
+    services.update(&mut svc_tracker);
+    endpoints.update(&mut ep_tracker);
+
+    let cfg = crate::support::harness::upstream_render_config(IpFamily::V4);
+    let labels = BTreeMap::new();
+    let nothing_changed = HashSet::new();
+    let input = |changed, nfacct| RenderInput {
+        services: &services,
+        endpoints: &endpoints,
+        node_labels: &labels,
+        interface_addrs: &[],
+        changed,
+        existing_nat_chains: None,
+        nfacct,
+    };
+    let counting = NfacctCounters { ct_state_invalid_dropped: false, localhost_nodeports_accepted: true };
+    let nodeports = |payload: &str| {
+        let nat = payload.split("*nat").nth(1).unwrap_or_default().to_string();
+        nat.lines().filter(|l| l.starts_with("-A KUBE-NODEPORTS ")).map(str::to_owned).collect::<Vec<_>>()
+    };
+
+    let mut state = RenderState::default();
+    let full = render::render(&cfg, &input(None, NfacctCounters::default()), &state);
+    state.commit(full.into_outcome());
+    for _ in 0..2 {
+        let partial = render::render(&cfg, &input(Some(&nothing_changed), NfacctCounters::default()), &state);
+        assert_eq!(partial.stats.nat_chains, 0, "nothing changed, nothing written:\n{}", partial.payload());
+        state.commit(partial.into_outcome());
+    }
+
+    let partial = render::render(&cfg, &input(Some(&nothing_changed), counting), &state);
+    let want = render::render(&cfg, &input(None, counting), &RenderState::default());
+    let (got, want) = (nodeports(&partial.payload()), nodeports(&want.payload()));
+    assert!(want.iter().any(|l| l.contains("--nfacct-name")), "the cluster has node ports: {want:?}");
+    assert_eq!(got, want, "KUBE-NODEPORTS after the accounting object appeared");
 }

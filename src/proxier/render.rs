@@ -10,7 +10,10 @@
 //!
 //! Partial syncs (`RenderInput::changed` set) rewrite only the chains of changed services and,
 //! going beyond upstream, only those top-level chains whose content changed since the last
-//! successful sync ([`RenderState`]).
+//! successful sync ([`RenderState`]). They also copy the top-level entries of unchanged
+//! services from that sync ([`ServiceMemo`]) instead of computing them again, so a partial
+//! sync's work is the changed services plus a copy, not every service's endpoints
+//! categorized and every entry formatted (at 10k services that was most of its render time).
 //!
 //! The code follows the chain groups it writes: per service port, a `ServicePlan` (which
 //! chains the port uses, where each kind of traffic goes) read by one writer per group (its
@@ -83,9 +86,11 @@ pub struct RenderInput<'a> {
 #[derive(Debug, Default, Clone)]
 pub struct RenderState {
     written: HashMap<&'static str, String>,
-    /// nat rules in each service port's own chains as last written, so a partial sync can
-    /// count (for metrics) the rules of services it does not rewrite without rendering them.
-    service_rules: HashMap<ServicePortName, usize>,
+    /// What each service port contributed to the last successful sync ([`ServiceMemo`]).
+    services: HashMap<ServicePortName, ServiceMemo>,
+    /// The inputs besides a service's own that its entries depend on, as when they were
+    /// memoized: entries are reused only while these are the same.
+    context: Option<EntryContext>,
     /// Large-cluster mode of the last sync: when it flips, every service is rewritten so
     /// comments are consistent (upstream leaves unchanged services as they were).
     large_cluster_mode: Option<bool>,
@@ -96,11 +101,16 @@ impl RenderState {
     pub fn commit(&mut self, written: RenderOutcome) {
         if written.full {
             self.written.clear();
+            self.services.clear();
         }
         for c in written.top_level {
             self.written.insert(c.key, c.rules);
         }
-        self.service_rules = written.service_rules;
+        for name in &written.services_gone {
+            self.services.remove(name);
+        }
+        self.services.extend(written.services);
+        self.context = Some(written.context);
         self.large_cluster_mode = Some(written.large_cluster_mode);
     }
 
@@ -108,6 +118,42 @@ impl RenderState {
     pub fn reset(&mut self) {
         *self = RenderState::default();
     }
+}
+
+/// What a service port contributed to a successful sync: the count of nat rules in its own
+/// chains (so a partial sync that leaves them as they were can still report totals) and,
+/// once a partial sync has computed them, its entries in the top-level chains (so the next
+/// partial sync copies them instead of categorizing its endpoints and formatting the rules
+/// again: that made every partial sync O(services) in work, not just in copying).
+///
+/// Entries are memoized by partial syncs only: a full sync writes every chain anyway and is
+/// where memory peaks, so it keeps the counts alone; the first partial sync after it fills
+/// the entries in.
+#[derive(Debug, Clone)]
+struct ServiceMemo {
+    rules: usize,
+    entries: Option<Box<ServiceEntries>>,
+}
+
+/// A service port's share of the top-level chains and of the chains in use.
+#[derive(Debug, Clone)]
+struct ServiceEntries {
+    /// Its rules in each chain of [`EntryChains`], one after another; `ends[i]` is where
+    /// those of chain `i` end.
+    text: Box<str>,
+    ends: [usize; ENTRY_CHAINS],
+    /// Its own chains and its endpoints' chains that the state uses.
+    chains: Box<[ChainKey]>,
+    no_local_endpoints_internal: bool,
+    no_local_endpoints_external: bool,
+}
+
+/// What entries depend on besides the service port and its endpoints (the configuration is
+/// fixed for the life of a proxier).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct EntryContext {
+    node_labels: BTreeMap<String, String>,
+    nfacct: NfacctCounters,
 }
 
 /// Counts reported with each render (metrics and logs).
@@ -139,7 +185,9 @@ pub struct RenderStats {
 pub struct Rendered<'a> {
     pub full: bool,
     pub stats: RenderStats,
-    service_rules: HashMap<ServicePortName, usize>,
+    services: Vec<(ServicePortName, ServiceMemo)>,
+    services_gone: Vec<ServicePortName>,
+    context: EntryContext,
     active_nat_chains: KeySet,
     document: Document<'a>,
 }
@@ -150,8 +198,13 @@ pub struct RenderOutcome {
     full: bool,
     large_cluster_mode: bool,
     top_level: Vec<TopLevelChain>,
-    service_rules: HashMap<ServicePortName, usize>,
-    /// Every per-service nat chain this state uses, written now or before.
+    /// Memos made by this render (all services' on a full sync), and the services gone.
+    services: Vec<(ServicePortName, ServiceMemo)>,
+    services_gone: Vec<ServicePortName>,
+    context: EntryContext,
+    /// The per-service nat chains this state uses: every one when the render was full or
+    /// looked for stale chains (`existing_nat_chains`); otherwise those of the services it
+    /// computed again, the others being in use (and in the kernel) since an earlier sync.
     pub active_nat_chains: KeySet,
 }
 
@@ -162,7 +215,9 @@ impl Rendered<'_> {
             full: self.full,
             large_cluster_mode: self.stats.large_cluster_mode,
             top_level: self.document.take_top_level(),
-            service_rules: self.service_rules,
+            services: self.services,
+            services_gone: self.services_gone,
+            context: self.context,
             active_nat_chains: self.active_nat_chains,
         }
     }
@@ -375,19 +430,16 @@ struct Renderer<'r, 'a> {
     cfg: &'r RenderConfig,
     input: &'r RenderInput<'a>,
     large: bool,
-    // Top-level chain bodies.
-    filter_services: String,
-    filter_external: String,
-    filter_nodeports: String,
-    filter_firewall: String,
-    nat_services: String,
-    nat_nodeports: String,
+    /// Top-level chain bodies built from the services' entries.
+    entries: EntryChains,
     // Per-service nat chains: rule text in one arena, spans per chain.
     arena: String,
     spans: Vec<ChainSpan<'a>>,
     /// The per-service chains this state needs (whether rewritten or not): they must not be
-    /// deleted as stale, and they are what the kernel holds after the restore.
+    /// deleted as stale, and they are what the kernel holds after the restore. Only those
+    /// of the services computed again, unless `all_active` ([`RenderOutcome`]).
     active: KeySet,
+    all_active: bool,
     stale: Vec<String>,
     probabilities: Vec<String>,
     stats: RenderStats,
@@ -395,7 +447,68 @@ struct Renderer<'r, 'a> {
     state: &'r RenderState,
     /// Write every service's chains (full sync, or large-cluster mode flipped).
     rewrite_all: bool,
-    service_rules: HashMap<ServicePortName, usize>,
+    /// What entries depend on besides each service, now; memoized entries are reused only
+    /// when the state's was the same.
+    context: EntryContext,
+    reuse_entries: bool,
+    /// New memos, and how many services of the input the state had a memo for.
+    memos: Vec<(ServicePortName, ServiceMemo)>,
+    memos_seen: usize,
+    /// Scratch: the chains in use of the service being written.
+    service_chains: Vec<ChainKey>,
+}
+
+/// The top-level chains that hold the services' entries. A service port's entries in each
+/// are contiguous (services are written one after another), which is what lets a memo keep
+/// them as one text.
+#[derive(Default)]
+struct EntryChains {
+    filter_services: String,
+    filter_external: String,
+    filter_nodeports: String,
+    filter_firewall: String,
+    nat_services: String,
+    nat_nodeports: String,
+}
+
+/// How many chains [`EntryChains`] has.
+const ENTRY_CHAINS: usize = 6;
+
+impl EntryChains {
+    fn parts_mut(&mut self) -> [&mut String; ENTRY_CHAINS] {
+        [
+            &mut self.filter_services,
+            &mut self.filter_external,
+            &mut self.filter_nodeports,
+            &mut self.filter_firewall,
+            &mut self.nat_services,
+            &mut self.nat_nodeports,
+        ]
+    }
+
+    fn lens(&mut self) -> [usize; ENTRY_CHAINS] {
+        self.parts_mut().map(|p| p.len())
+    }
+
+    /// The text added to each chain since `lens`, as a memo keeps it.
+    fn added_since(&mut self, lens: [usize; ENTRY_CHAINS]) -> (Box<str>, [usize; ENTRY_CHAINS]) {
+        let mut text = String::new();
+        let mut ends = [0; ENTRY_CHAINS];
+        for ((part, start), end) in self.parts_mut().into_iter().zip(lens).zip(&mut ends) {
+            text.push_str(part.get(start..).unwrap_or_default());
+            *end = text.len();
+        }
+        (text.into_boxed_str(), ends)
+    }
+
+    /// Appends memoized entries to each chain.
+    fn push(&mut self, entries: &ServiceEntries) {
+        let mut start = 0;
+        for (part, end) in self.parts_mut().into_iter().zip(entries.ends) {
+            part.push_str(entries.text.get(start..end).unwrap_or_default());
+            start = end;
+        }
+    }
 }
 
 impl<'r, 'a> Renderer<'r, 'a> {
@@ -403,19 +516,23 @@ impl<'r, 'a> Renderer<'r, 'a> {
         let total = total_endpoints(input.services, input.endpoints);
         let large = total > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
         let rewrite_all = input.changed.is_none() || state.large_cluster_mode != Some(large);
+        let context = EntryContext { node_labels: input.node_labels.clone(), nfacct: input.nfacct };
+        let reuse_entries = !rewrite_all && state.context.as_ref() == Some(&context);
+        let all_active = input.changed.is_none() || input.existing_nat_chains.is_some();
+        let mut entries = EntryChains::default();
+        entries.nat_services.reserve(input.services.len() * 160);
         Renderer {
             cfg,
             input,
             large,
-            filter_services: String::new(),
-            filter_external: String::new(),
-            filter_nodeports: String::new(),
-            filter_firewall: String::new(),
-            nat_services: String::with_capacity(input.services.len() * 160),
-            nat_nodeports: String::new(),
+            entries,
             arena: String::with_capacity(total * 100 + input.services.len() * 300),
             spans: Vec::with_capacity(total + input.services.len() * 2),
-            active: KeySet::with_capacity_and_hasher(total + input.services.len() * 4, Default::default()),
+            active: KeySet::with_capacity_and_hasher(
+                if all_active { total + input.services.len() * 4 } else { 0 },
+                Default::default(),
+            ),
+            all_active,
             stale: Vec::new(),
             probabilities: Vec::new(),
             stats: RenderStats {
@@ -427,22 +544,24 @@ impl<'r, 'a> Renderer<'r, 'a> {
             skipped_nat_rules: 0,
             state,
             rewrite_all,
-            service_rules: HashMap::with_capacity(input.services.len()),
+            context,
+            reuse_entries,
+            memos: Vec::with_capacity(if input.changed.is_some() { 16 } else { input.services.len() }),
+            memos_seen: 0,
+            service_chains: Vec::new(),
         }
     }
 
     fn run(&mut self) {
-        let mut services: Vec<&'a ServicePortRef> = self.input.services.values().collect();
         // Upstream's normal form orders KUBE-SERVICES and KUBE-NODEPORTS rules by the
         // service's `ns/name` string (the comment up to the first ' ' or ':'), keeping a
         // service's ports in the order written; so: by `ns/name`, then by port name.
-        services.sort_unstable_by(|a, b| {
-            service_part(&a.name_string)
-                .cmp(service_part(&b.name_string))
-                .then_with(|| a.name.port.cmp(&b.name.port))
-                .then_with(|| a.protocol.cmp(&b.protocol))
+        let mut services: Vec<(&'a str, &'a ServicePortRef)> =
+            self.input.services.values().map(|s| (service_part(&s.name_string), s)).collect();
+        services.sort_unstable_by(|(a_part, a), (b_part, b)| {
+            a_part.cmp(b_part).then_with(|| a.name.port.cmp(&b.name.port)).then_with(|| a.protocol.cmp(&b.protocol))
         });
-        for svc in services {
+        for (_, svc) in services {
             self.service(svc);
         }
         self.stale_chains();
@@ -460,34 +579,62 @@ impl<'r, 'a> Renderer<'r, 'a> {
     /// sync leaves it as it was) its own chains.
     fn service(&mut self, svc: &'a ServicePortInfo) {
         let input = self.input;
+        let state = self.state;
+        let unchanged = match input.changed {
+            Some(changed) => !self.rewrite_all && !changed.contains(&svc.name.service),
+            None => false,
+        };
+        let memo = if input.changed.is_some() { state.services.get(&svc.name) } else { None };
+        self.memos_seen += usize::from(memo.is_some());
+        if unchanged
+            && self.reuse_entries
+            && let Some(memo) = memo
+            && let Some(entries) = &memo.entries
+        {
+            // Nothing it depends on changed: the kernel has its chains, and its entries
+            // are what they were.
+            self.entries.push(entries);
+            if self.all_active {
+                self.active.extend(entries.chains.iter().copied());
+            }
+            self.stats.no_local_endpoints_internal += usize::from(entries.no_local_endpoints_internal);
+            self.stats.no_local_endpoints_external += usize::from(entries.no_local_endpoints_external);
+            self.skipped_nat_rules += memo.rules;
+            return;
+        }
+
         let endpoints: &'a [EndpointRef] = input.endpoints.get(&svc.name).map_or(&[], Vec::as_slice);
         let cat = categorize_endpoints(endpoints, svc, &self.cfg.features, input.node_labels);
         let plan = ServicePlan::new(svc, &cat);
-        if plan.has_endpoints {
-            if !plan.has_internal {
-                self.stats.no_local_endpoints_internal += 1;
-            }
-            if !plan.has_external {
-                self.stats.no_local_endpoints_external += 1;
-            }
-        }
+        let no_local_endpoints_internal = plan.has_endpoints && !plan.has_internal;
+        let no_local_endpoints_external = plan.has_endpoints && !plan.has_external;
+        self.stats.no_local_endpoints_internal += usize::from(no_local_endpoints_internal);
+        self.stats.no_local_endpoints_external += usize::from(no_local_endpoints_external);
 
         // Entries in the top-level chains, in upstream's order: each writes to several.
+        let lens = self.entries.lens();
         self.cluster_ip_entries(svc, &plan);
         self.external_ip_entries(svc, &plan);
         self.load_balancer_entries(svc, &plan);
         self.node_port_entries(svc, &plan);
         self.health_check_entry(svc);
-
         self.mark_active(svc, &plan, &cat);
-        let skip = match input.changed {
-            Some(changed) => !self.rewrite_all && !changed.contains(&svc.name.service),
-            None => false,
-        };
-        if skip && let Some(&rules) = self.state.service_rules.get(&svc.name) {
+        // Entries are memoized by partial syncs only (see ServiceMemo).
+        let entries = input.changed.is_some().then(|| {
+            let (text, ends) = self.entries.added_since(lens);
+            Box::new(ServiceEntries {
+                text,
+                ends,
+                chains: self.service_chains.as_slice().into(),
+                no_local_endpoints_internal,
+                no_local_endpoints_external,
+            })
+        });
+
+        if unchanged && let Some(memo) = memo {
             // Unchanged since the last sync: the kernel already has these chains.
-            self.skipped_nat_rules += rules;
-            self.service_rules.insert(svc.name.clone(), rules);
+            self.skipped_nat_rules += memo.rules;
+            self.memos.push((svc.name.clone(), ServiceMemo { rules: memo.rules, entries }));
             return;
         }
         let arena_before = self.arena.len();
@@ -499,8 +646,8 @@ impl<'r, 'a> Renderer<'r, 'a> {
         self.endpoint_chains(svc, &cat);
 
         let rules = self.spans[spans_before..].iter().map(ChainSpan::rules).sum::<usize>();
-        self.service_rules.insert(svc.name.clone(), rules);
-        if skip {
+        self.memos.push((svc.name.clone(), ServiceMemo { rules, entries }));
+        if unchanged {
             // Unchanged, but its rule count was not known: count, then leave it out.
             self.skipped_nat_rules += rules;
             self.arena.truncate(arena_before);
@@ -515,14 +662,14 @@ impl<'r, 'a> Renderer<'r, 'a> {
         if plan.has_internal {
             let internal_chain = plan.internal_chain;
             let _ = writeln!(
-                self.nat_services,
+                self.entries.nat_services,
                 "-A KUBE-SERVICES -m comment --comment \"{name} cluster IP\" -m {proto} -p {proto} -d {} --dport {port} -j {internal_chain}",
                 svc.cluster_ip
             );
         } else {
             let (target, comment) = (plan.unusable_target, &plan.unusable_comment);
             let _ = writeln!(
-                self.filter_services,
+                self.entries.filter_services,
                 "-A KUBE-SERVICES -m comment --comment {comment} -m {proto} -p {proto} -d {} --dport {port} -j {target}",
                 svc.cluster_ip
             );
@@ -537,13 +684,13 @@ impl<'r, 'a> Renderer<'r, 'a> {
         for ip in &svc.external_ips {
             if plan.has_endpoints {
                 let _ = writeln!(
-                    self.nat_services,
+                    self.entries.nat_services,
                     "-A KUBE-SERVICES -m comment --comment \"{name} external IP\" -m {proto} -p {proto} -d {ip} --dport {port} -j {external_chain}"
                 );
             }
             if !plan.has_external {
                 let _ = writeln!(
-                    self.filter_external,
+                    self.entries.filter_external,
                     "-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} -m {proto} -p {proto} -d {ip} --dport {port} -j {target}"
                 );
             }
@@ -559,13 +706,13 @@ impl<'r, 'a> Renderer<'r, 'a> {
         for ip in &svc.load_balancer_ips {
             if plan.has_endpoints {
                 let _ = writeln!(
-                    self.nat_services,
+                    self.entries.nat_services,
                     "-A KUBE-SERVICES -m comment --comment \"{name} loadbalancer IP\" -m {proto} -p {proto} -d {ip} --dport {port} -j {lb_chain}"
                 );
             }
             if plan.uses_fw_chain {
                 let _ = writeln!(
-                    self.filter_firewall,
+                    self.entries.filter_firewall,
                     "-A KUBE-PROXY-FIREWALL -m comment --comment \"{name} traffic not accepted by {fw_chain}\" -m {proto} -p {proto} -d {ip} --dport {port} -j DROP"
                 );
             }
@@ -574,7 +721,7 @@ impl<'r, 'a> Renderer<'r, 'a> {
             let (target, comment) = (plan.unusable_target, &plan.unusable_comment);
             for ip in &svc.load_balancer_ips {
                 let _ = writeln!(
-                    self.filter_external,
+                    self.entries.filter_external,
                     "-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} -m {proto} -p {proto} -d {ip} --dport {port} -j {target}"
                 );
             }
@@ -596,20 +743,20 @@ impl<'r, 'a> Renderer<'r, 'a> {
                 && self.input.nfacct.localhost_nodeports_accepted
             {
                 let _ = writeln!(
-                    self.nat_nodeports,
+                    self.entries.nat_nodeports,
                     "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} -d 127.0.0.0/8 --dport {node_port} -m nfacct --nfacct-name {} -j {external_chain}",
                     nfacct::LOCALHOST_NODEPORTS_ACCEPTED
                 );
             }
             let _ = writeln!(
-                self.nat_nodeports,
+                self.entries.nat_nodeports,
                 "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} --dport {node_port} -j {external_chain}"
             );
         }
         if !plan.has_external {
             let (target, comment) = (plan.unusable_target, &plan.unusable_comment);
             let _ = writeln!(
-                self.filter_external,
+                self.entries.filter_external,
                 "-A KUBE-EXTERNAL-SERVICES -m comment --comment {comment} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j {target}"
             );
         }
@@ -623,16 +770,17 @@ impl<'r, 'a> Renderer<'r, 'a> {
         }
         let name = svc.name_string.as_str();
         let _ = writeln!(
-            self.filter_nodeports,
+            self.entries.filter_nodeports,
             "-A KUBE-NODEPORTS -m comment --comment \"{name} health check node port\" -m tcp -p tcp --dport {} -j ACCEPT",
             svc.health_check_node_port
         );
     }
 
     /// Records the service's own chains as in use: they stay (are not deleted as stale)
-    /// whether or not this sync rewrites them.
+    /// whether or not this sync rewrites them. Leaves them in `service_chains` too.
     fn mark_active(&mut self, svc: &ServicePortInfo, plan: &ServicePlan<'_>, cat: &Categorized<'_>) {
         let keys = &svc.chains.keys;
+        self.service_chains.clear();
         for (used, key) in [
             (plan.uses_external_chain, keys.external),
             (plan.uses_fw_chain, keys.firewall),
@@ -640,12 +788,11 @@ impl<'r, 'a> Renderer<'r, 'a> {
             (plan.uses_local_chain, keys.local_policy),
         ] {
             if used {
-                self.active.insert(key);
+                self.service_chains.push(key);
             }
         }
-        for ep in &cat.all_reachable {
-            self.active.insert(ep.chain_key);
-        }
+        self.service_chains.extend(cat.all_reachable.iter().map(|ep| ep.chain_key));
+        self.active.extend(self.service_chains.iter().copied());
     }
 
     /// KUBE-EXT-: masquerades external traffic (or, with the Local policy, short-circuits
@@ -829,14 +976,14 @@ impl<'r, 'a> Renderer<'r, 'a> {
             } else if !self.cfg.localhost_nodeports {
                 dest.push_str(" ! -d 127.0.0.0/8");
             }
-            let _ = writeln!(self.nat_services, "-A KUBE-SERVICES {comment} {dest} -j KUBE-NODEPORTS");
+            let _ = writeln!(self.entries.nat_services, "-A KUBE-SERVICES {comment} {dest} -j KUBE-NODEPORTS");
         } else {
             for ip in npa.node_ips(self.input.interface_addrs) {
                 if ip.is_loopback() && (v6 || !self.cfg.localhost_nodeports) {
                     continue;
                 }
                 let _ = writeln!(
-                    self.nat_services,
+                    self.entries.nat_services,
                     "-A KUBE-SERVICES {comment} -d {} -j KUBE-NODEPORTS",
                     crate::model::ip::format_ip(&ip)
                 );
@@ -883,10 +1030,13 @@ impl<'r, 'a> Renderer<'r, 'a> {
         self.stats.nat_rules_total = nat_rules + self.skipped_nat_rules + omitted_nat_rules - deleted;
 
         self.arena.shrink_to_fit();
+        let services_gone = self.services_gone();
         Rendered {
             full: self.input.changed.is_none(),
             stats: self.stats,
-            service_rules: self.service_rules,
+            services: self.memos,
+            services_gone,
+            context: self.context,
             active_nat_chains: self.active,
             document: Document {
                 filter,
@@ -897,6 +1047,14 @@ impl<'r, 'a> Renderer<'r, 'a> {
                 large: self.large,
             },
         }
+    }
+
+    /// The services the state has a memo for that are no longer in the input.
+    fn services_gone(&self) -> Vec<ServicePortName> {
+        if self.input.changed.is_none() || self.memos_seen == self.state.services.len() {
+            return Vec::new();
+        }
+        self.state.services.keys().filter(|name| !self.input.services.contains_key(*name)).cloned().collect()
     }
 
     /// Whether a partial sync can leave out top-level chain `key`: the kernel already holds
@@ -912,17 +1070,17 @@ impl<'r, 'a> Renderer<'r, 'a> {
             TopLevelChain::new(
                 "filter/KUBE-NODEPORTS",
                 chains::KUBE_NODEPORTS,
-                std::mem::take(&mut self.filter_nodeports),
+                std::mem::take(&mut self.entries.filter_nodeports),
             ),
             TopLevelChain::new(
                 "filter/KUBE-SERVICES",
                 chains::KUBE_SERVICES,
-                std::mem::take(&mut self.filter_services),
+                std::mem::take(&mut self.entries.filter_services),
             ),
             TopLevelChain::new(
                 "filter/KUBE-EXTERNAL-SERVICES",
                 chains::KUBE_EXTERNAL_SERVICES,
-                std::mem::take(&mut self.filter_external),
+                std::mem::take(&mut self.entries.filter_external),
             ),
         ];
         if let Some(rules) = kubelet_firewall_rules(self.cfg) {
@@ -936,7 +1094,7 @@ impl<'r, 'a> Renderer<'r, 'a> {
         filter.push(TopLevelChain::new(
             "filter/KUBE-PROXY-FIREWALL",
             chains::KUBE_PROXY_FIREWALL,
-            std::mem::take(&mut self.filter_firewall),
+            std::mem::take(&mut self.entries.filter_firewall),
         ));
         filter
     }
@@ -945,8 +1103,16 @@ impl<'r, 'a> Renderer<'r, 'a> {
     /// the renderer) and the fixed ones.
     fn nat_fixed_chains(&mut self) -> Vec<TopLevelChain> {
         vec![
-            TopLevelChain::new("nat/KUBE-NODEPORTS", chains::KUBE_NODEPORTS, std::mem::take(&mut self.nat_nodeports)),
-            TopLevelChain::new("nat/KUBE-SERVICES", chains::KUBE_SERVICES, std::mem::take(&mut self.nat_services)),
+            TopLevelChain::new(
+                "nat/KUBE-NODEPORTS",
+                chains::KUBE_NODEPORTS,
+                std::mem::take(&mut self.entries.nat_nodeports),
+            ),
+            TopLevelChain::new(
+                "nat/KUBE-SERVICES",
+                chains::KUBE_SERVICES,
+                std::mem::take(&mut self.entries.nat_services),
+            ),
             TopLevelChain::new("nat/KUBE-MARK-MASQ", chains::KUBE_MARK_MASQ, mark_masq_rules(self.cfg)),
             TopLevelChain::new("nat/KUBE-POSTROUTING", chains::KUBE_POSTROUTING, postrouting_rules(self.cfg)),
         ]
