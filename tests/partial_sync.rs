@@ -774,3 +774,63 @@ fn reused_entries_follow_the_inputs_they_depend_on() {
     assert!(want.iter().any(|l| l.contains("--nfacct-name")), "the cluster has node ports: {want:?}");
     assert_eq!(got, want, "KUBE-NODEPORTS after the accounting object appeared");
 }
+
+/// A partial sync's work follows the change, not the cluster: once the first partial sync
+/// after a full one has kept every service's entries, the next computes only the service
+/// that changed (and still writes the same state as a full sync).
+#[test]
+fn partial_syncs_compute_only_changed_services() {
+    let mut fp = TestProxier::new(IpFamily::V4);
+    let services: Vec<Service> = (0..20u8)
+        .map(|i| {
+            svc("ns", &format!("svc{i}"))
+                .type_("NodePort")
+                .bare_cluster_ip(&format!("172.30.1.{i}"))
+                .tcp("p80", 80)
+                .build()
+        })
+        .collect();
+    fp.add_services(&services);
+    let slices: Vec<EndpointSlice> = (0..20u8)
+        .map(|i| {
+            slice("ns", &format!("svc{i}"), &format!("svc{i}-1"))
+                .tcp("p80", 80)
+                .endpoint(kube_proxy_rs::tracker::testing::bare_ep(&format!("10.0.1.{i}")))
+                .build()
+        })
+        .collect();
+    fp.add_slices(&slices);
+    let full = fp.sync();
+    assert!(full.full);
+    assert_eq!(full.stats.services_computed, 20);
+
+    let replace_endpoint = |fp: &mut TestProxier, i: u8, last: u8| {
+        fp.add_slices(&[slice("ns", &format!("svc{i}"), &format!("svc{i}-1"))
+            .tcp("p80", 80)
+            .endpoint(kube_proxy_rs::tracker::testing::bare_ep(&format!("10.0.2.{last}")))
+            .build()]);
+    };
+    replace_endpoint(&mut fp, 3, 1);
+    let first = fp.sync();
+    assert!(!first.full);
+    assert_eq!(first.stats.services_computed, 20, "the first partial sync after a full one keeps every entry");
+    replace_endpoint(&mut fp, 7, 2);
+    let second = fp.sync();
+    assert_eq!(second.stats.services_computed, 1, "only svc7 changed");
+    let third = fp.sync();
+    assert_eq!(third.stats.services_computed, 0, "nothing changed");
+    assert_eq!(third.stats.nat_chains, 0, "{:?}", third.payload);
+
+    let mut reference = TestProxier::new(IpFamily::V4);
+    reference.add_services(&services);
+    let mut want_slices = slices.clone();
+    for (i, last) in [(3u8, 1u8), (7, 2)] {
+        want_slices[usize::from(i)] = slice("ns", &format!("svc{i}"), &format!("svc{i}-1"))
+            .tcp("p80", 80)
+            .endpoint(kube_proxy_rs::tracker::testing::bare_ep(&format!("10.0.2.{last}")))
+            .build();
+    }
+    reference.add_slices(&want_slices);
+    reference.sync();
+    assert_eq!(fp.ipt.save_all(), reference.ipt.save_all());
+}

@@ -491,6 +491,7 @@ impl Proxier {
         tracing::debug!(
             services = rendered.stats.services,
             endpoints = rendered.stats.endpoints,
+            services_computed = rendered.stats.services_computed,
             filter_rules = rendered.stats.filter_rules,
             nat_rules = rendered.stats.nat_rules,
             nat_chains = rendered.stats.nat_chains,

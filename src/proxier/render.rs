@@ -161,6 +161,9 @@ struct EntryContext {
 pub struct RenderStats {
     pub services: usize,
     pub endpoints: usize,
+    /// Service ports whose entries this render computed; a partial sync copies the others'
+    /// from the last sync ([`ServiceMemo`]).
+    pub services_computed: usize,
     pub large_cluster_mode: bool,
     /// Rule lines in the restore input, per table (`-X` lines count as nat rules, as
     /// upstream's line buffer counts them).
@@ -603,6 +606,7 @@ impl<'r, 'a> Renderer<'r, 'a> {
             return;
         }
 
+        self.stats.services_computed += 1;
         let endpoints: &'a [EndpointRef] = input.endpoints.get(&svc.name).map_or(&[], Vec::as_slice);
         let cat = categorize_endpoints(endpoints, svc, &self.cfg.features, input.node_labels);
         let plan = ServicePlan::new(svc, &cat);
