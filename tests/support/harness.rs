@@ -141,10 +141,17 @@ impl TestProxier {
         self.proxier.on_node_update(Some(node));
     }
 
-    /// Runs one sync, which must succeed, a sync period after the previous one.
+    /// Runs one sync, which must succeed, a sync period after the previous one (so it looks
+    /// for stale chains, in large-cluster mode too).
     #[track_caller]
     pub fn sync(&mut self) -> SyncReport {
-        self.now += Duration::from_secs(31);
+        self.sync_after(Duration::from_secs(31))
+    }
+
+    /// Runs one sync, which must succeed, `elapsed` after the previous one.
+    #[track_caller]
+    pub fn sync_after(&mut self, elapsed: Duration) -> SyncReport {
+        self.now += elapsed;
         match self.proxier.sync(self.now) {
             SyncOutcome::Synced(report) => {
                 if let Err(e) = &report.result {
