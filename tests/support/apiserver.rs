@@ -236,6 +236,10 @@ struct State {
     event_failures: Vec<u16>,
     requests: Vec<RequestLog>,
     expired: usize,
+    /// Between [`ApiServer::go_down`] and [`ApiServer::come_back_on`]: a connection still
+    /// being torn down must not serve anything (it could register a watch after the
+    /// watchers were closed and pass on a change made during the outage).
+    down: bool,
 }
 
 struct Shared {
@@ -495,7 +499,9 @@ impl ApiServer {
     /// The objects stay; [`ApiServer::come_back_on`] serves them again.
     pub fn go_down(&mut self) {
         self.cancel.cancel();
-        self.close_watches();
+        let mut st = self.shared.lock();
+        st.down = true;
+        st.watchers.clear();
     }
 
     /// Serves the same objects again on `listener` (bound to the same address, so clients
@@ -505,6 +511,7 @@ impl ApiServer {
         let listener = TcpListener::from_std(listener).expect("tokio listener");
         assert_eq!(listener.local_addr().expect("local addr"), self.addr, "come back on the same address");
         self.cancel = CancellationToken::new();
+        self.shared.lock().down = false;
         Self::accept_loop(listener, self.shared.clone(), self.cancel.clone(), self.tls.clone());
     }
 
@@ -741,6 +748,11 @@ async fn handle_event_write(
     }
 }
 
+/// What a connection still open when the server went down gets (it is being dropped).
+fn down_response() -> Response<Body> {
+    error_response(503, "ServiceUnavailable", "the test API server is down")
+}
+
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let query: BTreeMap<String, String> =
@@ -765,6 +777,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         && req.method() == Method::GET
     {
         let st = shared.lock();
+        if st.down {
+            return down_response();
+        }
         let found = st.objects.iter().find(|(k, v)| {
             k.0 == kind
                 && v["metadata"]["name"].as_str() == Some(name.as_str())
@@ -814,6 +829,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
 
     if !watch {
         let st = shared.lock();
+        if st.down {
+            return down_response();
+        }
         let items: Vec<&Value> =
             st.objects.iter().filter(|(k, v)| k.0 == kind && filter.matches(v)).map(|(_, v)| v).collect();
         let list = json!({
@@ -832,6 +850,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let (tx, rx) = mpsc::unbounded_channel::<Msg>();
     {
         let mut st = shared.lock();
+        if st.down {
+            return down_response();
+        }
         let from_scratch = rv_param.is_empty() || rv_param == "0" || initial_events;
         if from_scratch {
             for (_, v) in st.objects.iter().filter(|(k, v)| k.0 == kind && filter.matches(v)) {
