@@ -79,7 +79,7 @@ fn main() {
     println!("|---:|---:|---:|---:|");
     let mut ten_k = None;
     for services in [1_000usize, 10_000, 30_000] {
-        let maps = build(ClusterShape { services, endpoints_per_service: 10 });
+        let maps = build(ClusterShape::new(services, 10));
         let mut times = Vec::new();
         let mut bytes = 0;
         for _ in 0..rounds {
@@ -187,7 +187,7 @@ fn main() {
     );
 
     // The whole `render` process on a 10k-service manifest.
-    let cluster = synthetic::cluster(ClusterShape { services: 10_000, endpoints_per_service: 10 });
+    let cluster = synthetic::cluster(ClusterShape::new(10_000, 10));
     let yaml = synthetic::cluster_yaml(&cluster).expect("yaml");
     let dir = std::env::temp_dir().join(format!("kube-proxy-rs-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");

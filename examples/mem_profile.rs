@@ -90,7 +90,7 @@ fn main() {
 
     // The watch side: JSON documents as the API server sends them.
     let (svc_json, slice_json) = {
-        let cluster = synthetic::cluster(ClusterShape { services, endpoints_per_service: 10 });
+        let cluster = synthetic::cluster(ClusterShape::new(services, 10));
         let svc: Vec<String> = cluster.services.iter().map(|s| serde_json::to_string(s).expect("json")).collect();
         let slices: Vec<String> = cluster.slices.iter().map(|s| serde_json::to_string(s).expect("json")).collect();
         (svc, slices)

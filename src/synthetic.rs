@@ -21,6 +21,20 @@ pub(crate) const NODES: usize = 50;
 pub struct ClusterShape {
     pub services: usize,
     pub endpoints_per_service: usize,
+    /// Every this-many-th service has ClientIP session affinity; 0: none has. Affinity is
+    /// what makes iptables-legacy slow at scale (one xt_recent table per endpoint chain), so
+    /// benchmarks vary it.
+    pub affinity_every: usize,
+}
+
+impl ClusterShape {
+    /// The default mix: every 7th service with session affinity.
+    pub const DEFAULT_AFFINITY_EVERY: usize = 7;
+
+    /// `services` services of `endpoints_per_service` endpoints each, in the default mix.
+    pub fn new(services: usize, endpoints_per_service: usize) -> Self {
+        Self { services, endpoints_per_service, affinity_every: Self::DEFAULT_AFFINITY_EVERY }
+    }
 }
 
 /// A generated cluster.
@@ -42,10 +56,15 @@ fn endpoint_ip(i: usize, j: usize, per: usize) -> String {
     format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255)
 }
 
-/// Service `i` of the cluster: mostly ClusterIP; every 10th NodePort, every 25th a
-/// LoadBalancer with externalTrafficPolicy Local and source ranges, every 7th with session
-/// affinity.
+/// Service `i` of the cluster in the default mix: mostly ClusterIP; every 10th NodePort,
+/// every 25th a LoadBalancer with externalTrafficPolicy Local and source ranges, every 7th
+/// with session affinity.
 pub fn service(i: usize) -> Service {
+    shaped_service(i, ClusterShape::DEFAULT_AFFINITY_EVERY)
+}
+
+/// Service `i`, with session affinity on every `affinity_every`-th (none if 0).
+pub fn shaped_service(i: usize, affinity_every: usize) -> Service {
     let ns = format!("ns-{}", i % 100);
     let name = format!("svc-{i}");
     let ip = cluster_ip(i);
@@ -88,7 +107,7 @@ pub fn service(i: usize) -> Service {
             ..Default::default()
         });
     }
-    if i % 7 == 2 {
+    if affinity_every > 0 && i % affinity_every == 2 % affinity_every {
         spec.session_affinity = Some("ClientIP".into());
     }
     Service {
@@ -150,7 +169,7 @@ pub fn node() -> Node {
 /// Generates the whole cluster.
 pub fn cluster(shape: ClusterShape) -> Cluster {
     Cluster {
-        services: (0..shape.services).map(service).collect(),
+        services: (0..shape.services).map(|i| shaped_service(i, shape.affinity_every)).collect(),
         slices: (0..shape.services).map(|i| slice(i, shape.endpoints_per_service, 0)).collect(),
         node: node(),
     }
@@ -179,4 +198,37 @@ pub fn cluster_yaml(c: &Cluster) -> Result<String, serde_yaml::Error> {
     }
     let _ = writeln!(out);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_affinity(shape: ClusterShape) -> Vec<usize> {
+        cluster(shape)
+            .services
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.spec.as_ref().and_then(|s| s.session_affinity.as_deref()) == Some("ClientIP"))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    #[test]
+    fn the_default_mix_gives_every_seventh_service_affinity() {
+        assert_eq!(with_affinity(ClusterShape::new(30, 1)), vec![2, 9, 16, 23]);
+        let default: Vec<_> = (0..30).map(service).collect();
+        assert_eq!(default, cluster(ClusterShape::new(30, 1)).services);
+    }
+
+    #[test]
+    fn affinity_can_be_varied_or_left_out() {
+        let mut shape = ClusterShape::new(30, 1);
+        shape.affinity_every = 0;
+        assert!(with_affinity(shape).is_empty());
+        shape.affinity_every = 10;
+        assert_eq!(with_affinity(shape), vec![2, 12, 22]);
+        shape.affinity_every = 1;
+        assert_eq!(with_affinity(shape).len(), 30);
+    }
 }

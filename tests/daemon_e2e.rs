@@ -126,10 +126,7 @@ async fn daemon_memory_at_10k_services() {
     require_root!();
     let services: usize = std::env::var("KPR_SERVICES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let (_api_ns, node_ns, server) = topology("e2emem").await;
-    let cluster = kube_proxy_rs::synthetic::cluster(kube_proxy_rs::synthetic::ClusterShape {
-        services,
-        endpoints_per_service: 10,
-    });
+    let cluster = kube_proxy_rs::synthetic::cluster(kube_proxy_rs::synthetic::ClusterShape::new(services, 10));
     let mut n = cluster.node.clone();
     n.metadata.name = Some("node-e2e".into());
     server.create(&n);

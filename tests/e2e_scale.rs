@@ -14,7 +14,8 @@
 //!   scratch chain), and beside them what upstream's way costs on the same state in the same
 //!   run (its partial sync's restore of every top-level nat chain; one `--noflush` restore of
 //!   the full payload into a fresh namespace, capped at `KPR_UPSTREAM_LIMIT` seconds; one
-//!   `iptables-save -t nat` of the programmed node).
+//!   `iptables-save -t nat` of the programmed node). `KPR_AFFINITY_EVERY` sets the share of
+//!   services with ClientIP affinity (default every 7th; 0 for none).
 //!
 //!       sudo KPR_SERVICES=10000 KPR_BACKEND=nft cargo nextest run --release \
 //!           --run-ignored only -E 'test(scale_benchmark)' --no-capture
@@ -96,6 +97,9 @@ struct ScaleRun {
     rss_kb: u64,
     log: String,
     save_calls: String,
+    /// The calls in `save_calls` made before the first endpoint change (start-up and the
+    /// first sync).
+    save_calls_at_start: usize,
     /// The endpoint chains the changes created (stale once put back; large-cluster mode
     /// deletes them at most once per sync period).
     changed_chains: Vec<String>,
@@ -109,10 +113,11 @@ async fn run_daemon(
     server: &crate::support::apiserver::ApiServer,
     dir: &TempDir,
     backend: Backend,
-    services: usize,
+    shape: ClusterShape,
     changes: usize,
 ) -> ScaleRun {
-    let cluster = synthetic::cluster(ClusterShape { services, endpoints_per_service: ENDPOINTS });
+    let services = shape.services;
+    let cluster = synthetic::cluster(shape);
     let mut n = cluster.node.clone();
     n.metadata.name = Some(NODE.into());
     server.create(&n);
@@ -154,6 +159,7 @@ async fn run_daemon(
     // Let the first sync's follow-ups settle before measuring single changes.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
+    let save_calls_at_start = std::fs::read_to_string(&save_log).unwrap_or_default().lines().count();
     let probe_start = Instant::now();
     assert!(chain_exists(backend, node_ns, &last_chain));
     let probe = probe_start.elapsed();
@@ -206,13 +212,14 @@ async fn run_daemon(
         rss_kb,
         log,
         save_calls: std::fs::read_to_string(&save_log).unwrap_or_default(),
+        save_calls_at_start,
         changed_chains,
     }
 }
 
 /// The full payload the daemon's first sync writes, as `render` prints it.
-fn full_payload(dir: &TempDir, services: usize) -> String {
-    let mut cluster = synthetic::cluster(ClusterShape { services, endpoints_per_service: ENDPOINTS });
+fn full_payload(dir: &TempDir, shape: ClusterShape) -> String {
+    let mut cluster = synthetic::cluster(shape);
     cluster.node.metadata.name = Some(NODE.into());
     let yaml = synthetic::cluster_yaml(&cluster).expect("yaml");
     let manifest = dir.path().join("cluster.yaml");
@@ -265,10 +272,10 @@ fn nat_reads(save_calls: &str) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_regression_guard() {
     require_root!();
-    let services = 500;
+    let shape = ClusterShape::new(500, ENDPOINTS);
     let (_api_ns, node_ns, server) = topology("scale").await;
     let dir = TempDir::new("scale");
-    let run = run_daemon(&node_ns, &server, &dir, Backend::Nft, services, 3).await;
+    let run = run_daemon(&node_ns, &server, &dir, Backend::Nft, shape, 3).await;
     assert!(run.log.contains("backend=nft"), "{}", run.log);
     assert!(run.log.contains("restored in pieces"), "the first sync was applied in pieces: {}", run.log);
     assert!(nat_reads(&run.save_calls).is_empty(), "the nat table was read whole: {}", run.save_calls);
@@ -277,7 +284,7 @@ async fn scale_regression_guard() {
 
     // The node ends where one upstream-style restore of the same state ends (the last
     // endpoint change was put back, so the state is the synthetic cluster).
-    let payload = full_payload(&dir, services);
+    let payload = full_payload(&dir, shape);
     let reference = Netns::create("scale-ref");
     reference.ok(&["iptables-nft", "-t", "mangle", "-N", "KUBE-KUBELET-CANARY"]);
     create_nfacct_objects(&reference);
@@ -290,7 +297,7 @@ async fn scale_regression_guard() {
         !run.changed_chains.iter().any(|c| l.starts_with(&format!(":{c}")) || l.starts_with(&format!("-A {c} ")))
     });
     let theirs = kube_chains(&reference);
-    assert!(ours.len() > services * 10, "{}", ours.len());
+    assert!(ours.len() > shape.services * 10, "{}", ours.len());
     if ours != theirs {
         let only_ours: Vec<_> = ours.iter().filter(|c| !theirs.contains(c)).take(10).collect();
         let only_theirs: Vec<_> = theirs.iter().filter(|c| !ours.contains(c)).take(10).collect();
@@ -372,9 +379,11 @@ async fn scale_benchmark() {
     let changes = env("KPR_CHANGES", 30);
     let upstream_limit = Duration::from_secs(env("KPR_UPSTREAM_LIMIT", 900) as u64);
     let backend = backend_from_env();
+    let mut shape = ClusterShape::new(services, ENDPOINTS);
+    shape.affinity_every = env("KPR_AFFINITY_EVERY", ClusterShape::DEFAULT_AFFINITY_EVERY);
     let (_api_ns, node_ns, server) = topology("bench").await;
     let dir = TempDir::new("bench");
-    let run = run_daemon(&node_ns, &server, &dir, backend, services, changes).await;
+    let run = run_daemon(&node_ns, &server, &dir, backend, shape, changes).await;
     let mut lat = run.latencies.clone();
     lat.sort();
     let phases = sync_phases(&run.log);
@@ -386,7 +395,11 @@ async fn scale_benchmark() {
         v.get(v.len() / 2).copied().unwrap_or(0)
     };
 
-    eprintln!("== scale benchmark: {services} services x {ENDPOINTS} endpoints, {} ==", backend.as_str());
+    let affinity = match shape.affinity_every {
+        0 => "no session affinity".to_string(),
+        n => format!("ClientIP affinity on every {n}th service"),
+    };
+    eprintln!("== scale benchmark: {services} services x {ENDPOINTS} endpoints, {affinity}, {} ==", backend.as_str());
     eprintln!("programmed (start -> last service in the kernel): {:.1} s", run.programmed.as_secs_f64());
     if let Some(p) = first {
         eprintln!(
@@ -412,7 +425,14 @@ async fn scale_benchmark() {
         run.probe.as_secs_f64()
     );
     eprintln!("RSS: {:.1} MB at the end, peak {:.1} MB", run.rss_kb as f64 / 1024.0, run.peak_rss_kb as f64 / 1024.0);
-    eprintln!("nat table reads with iptables-save during the run: {}", nat_reads(&run.save_calls).len());
+    let (at_start, steady) =
+        run.save_calls.lines().enumerate().partition::<Vec<_>, _>(|(n, _)| *n < run.save_calls_at_start);
+    let nat_count = |calls: Vec<(usize, &str)>| calls.into_iter().filter(|(_, l)| !nat_reads(l).is_empty()).count();
+    let steady_reads = nat_count(steady);
+    eprintln!(
+        "nat table reads with iptables-save: {} at start-up and in the first sync, {steady_reads} during the change stream",
+        nat_count(at_start)
+    );
     // Upstream's way on the same state, same run: one save of the programmed node, and one
     // restore of the full payload into a fresh namespace (each may take minutes on nft).
     let in_ns = |ns: &Netns, script: &str| {
@@ -431,7 +451,7 @@ async fn scale_benchmark() {
     } else {
         format!("failed or stopped after {:.1} s", save_time.as_secs_f64())
     };
-    let payload = full_payload(&dir, services);
+    let payload = full_payload(&dir, shape);
     let body: String = payload.lines().filter(|l| !l.starts_with("# sync")).map(|l| format!("{l}\n")).collect();
 
     // The kernel's share of any partial sync (the daemon has stopped; its rules stay): one
@@ -465,4 +485,5 @@ async fn scale_benchmark() {
         body.len(),
     );
     assert_eq!(lat.len(), changes);
+    assert_eq!(steady_reads, 0, "the nat table was read whole in steady state: {}", run.save_calls);
 }

@@ -761,7 +761,7 @@ fn reused_entries_follow_the_inputs_they_depend_on() {
     use kube_proxy_rs::synthetic::{self, ClusterShape};
     use kube_proxy_rs::tracker::{EndpointChangeTracker, EndpointsMap, ServiceChangeTracker, ServicePortMap};
 
-    let cluster = synthetic::cluster(ClusterShape { services: 40, endpoints_per_service: 2 });
+    let cluster = synthetic::cluster(ClusterShape::new(40, 2));
     let features = kube_proxy_rs::compat::Features::of(Release::V1_29);
     let mut svc_tracker = ServiceChangeTracker::new(IpFamily::V4, features);
     let mut ep_tracker = EndpointChangeTracker::new(synthetic::NODE_NAME.to_string(), IpFamily::V4);
