@@ -56,6 +56,22 @@ fn endpoint_ip(i: usize, j: usize, per: usize) -> String {
     format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255)
 }
 
+// Node ports are allocated as the API server would, each once (up to 10k services; beyond,
+// they repeat): NodePort services (every 10th) in 30000–30999, load balancers (every 25th)
+// in 31000–31799 and their health-check ports in 31800–32599. A repeated health-check port
+// would fail to bind on every sync, which no real cluster does.
+fn node_port(i: usize) -> i32 {
+    30000 + ((i / 10) % 1000) as i32
+}
+
+fn load_balancer_node_port(i: usize) -> i32 {
+    31000 + ((i / 25) % 800) as i32
+}
+
+fn health_check_node_port(i: usize) -> i32 {
+    31800 + ((i / 25) % 800) as i32
+}
+
 /// Service `i` of the cluster in the default mix: mostly ClusterIP; every 10th NodePort,
 /// every 25th a LoadBalancer with externalTrafficPolicy Local and source ranges, every 7th
 /// with session affinity.
@@ -85,17 +101,17 @@ pub fn shaped_service(i: usize, affinity_every: usize) -> Service {
     if i % 10 == 3 {
         spec.type_ = Some("NodePort".into());
         if let Some(p) = spec.ports.as_mut().and_then(|p| p.first_mut()) {
-            p.node_port = Some(30000 + (i % 2700) as i32);
+            p.node_port = Some(node_port(i));
         }
         spec.external_traffic_policy = Some("Cluster".into());
     }
     if i % 25 == 5 {
         spec.type_ = Some("LoadBalancer".into());
         if let Some(p) = spec.ports.as_mut().and_then(|p| p.first_mut()) {
-            p.node_port = Some(30000 + (i % 2700) as i32);
+            p.node_port = Some(load_balancer_node_port(i));
         }
         spec.external_traffic_policy = Some("Local".into());
-        spec.health_check_node_port = Some(32700 + (i % 60) as i32);
+        spec.health_check_node_port = Some(health_check_node_port(i));
         spec.load_balancer_source_ranges = Some(vec!["203.0.113.0/24".into()]);
         status = Some(ServiceStatus {
             load_balancer: Some(LoadBalancerStatus {
@@ -219,6 +235,20 @@ mod tests {
         assert_eq!(with_affinity(ClusterShape::new(30, 1)), vec![2, 9, 16, 23]);
         let default: Vec<_> = (0..30).map(service).collect();
         assert_eq!(default, cluster(ClusterShape::new(30, 1)).services);
+    }
+
+    #[test]
+    fn node_ports_are_unique_up_to_ten_thousand_services() {
+        let mut seen = std::collections::HashSet::new();
+        for s in cluster(ClusterShape::new(10_000, 1)).services {
+            let spec = s.spec.unwrap_or_default();
+            let ports = spec.ports.unwrap_or_default().into_iter().filter_map(|p| p.node_port);
+            for port in ports.chain(spec.health_check_node_port) {
+                assert!((30000..=32767).contains(&port), "{port} in the node port range");
+                assert!(seen.insert(port), "node port {port} allocated twice");
+            }
+        }
+        assert_eq!(seen.len(), 1000 + 2 * 400);
     }
 
     #[test]
