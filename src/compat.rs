@@ -79,11 +79,30 @@ impl Release {
         self >= Release::V1_31
     }
 
+    /// Whether a sync is full, not partial, once the last full sync is more than
+    /// [`FULL_SYNC_PERIOD`] old, so that rules changed from outside are repaired without a
+    /// restart (1.33, PR #129329).
+    pub(crate) fn has_periodic_full_sync(self) -> bool {
+        self >= Release::V1_33
+    }
+
+    /// Whether the periodic full sync is skipped in large-cluster mode, where it rewrites
+    /// every rule for nothing (PR #138571, cherry-picked into the 1.34, 1.35 and 1.36
+    /// patch releases of May 2026; the newest patch of each release is what is reproduced).
+    pub(crate) fn skips_periodic_full_sync_in_large_clusters(self) -> bool {
+        self >= Release::V1_34
+    }
+
     /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
     pub(crate) fn accepts_primary_node_port_addresses(self) -> bool {
         self >= Release::V1_31
     }
 }
+
+/// How old the last full sync may get before a sync is full again, where the release has
+/// periodic full syncs ([`Release::has_periodic_full_sync`]; upstream's
+/// `proxyutil.FullSyncPeriod`).
+pub(crate) const FULL_SYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Default for Release {
     fn default() -> Self {

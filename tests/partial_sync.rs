@@ -887,3 +887,56 @@ fn partial_syncs_compute_only_changed_services() {
     fp.sync();
     assert_eq!(fp.ipt.save_all(), reference.ipt.save_all());
 }
+
+/// From 1.33 a sync is full again once the last full sync is an hour old (upstream's
+/// `FullSyncPeriod`), which repairs rules changed from outside without a restart; from 1.34
+/// (the newest patch releases) not in large-cluster mode, where it would rewrite every rule
+/// for nothing. Partial syncs in between do not move the hour.
+#[test]
+fn periodic_full_sync_follows_the_release() {
+    use kube_proxy_rs::iptables::{Iptables, RulePosition};
+    let release = |r: &str| r.parse::<Release>().expect("release");
+    let small = svc("ns1", "small").cluster_ip("172.30.0.1").tcp("p80", 80).build();
+    let small_eps = slice("ns1", "small", "small-1").tcp("p80", 80).ips(&["10.1.0.1", "10.1.0.2"]).build();
+    let big = svc("ns2", "big").cluster_ip("172.30.0.2").tcp("p80", 80).build();
+    let mut big_eps = slice("ns2", "big", "big-1").tcp("p80", 80);
+    for n in 0..1001u32 {
+        big_eps = big_eps.endpoint(ep(&format!("10.2.{}.{}", n / 250, n % 250 + 1)));
+    }
+    let big_eps = big_eps.build();
+    let rogue = ["-s", "203.0.113.9/32", "-j", "RETURN"];
+    let has_rogue = |fp: &TestProxier| {
+        fp.ipt.rules(Table::Nat, "KUBE-SERVICES").unwrap_or_default().iter().any(|r| r.contains("203.0.113.9"))
+    };
+
+    for (version, large, full_after_an_hour) in [
+        ("1.29", false, false),
+        ("1.32", false, false),
+        ("1.33", false, true),
+        ("1.33", true, true),
+        ("1.34", false, true),
+        ("1.34", true, false),
+        ("1.35", false, true),
+        ("1.35", true, false),
+    ] {
+        let case = format!("{version}, large-cluster mode {large}");
+        let mut fp = TestProxier::with_release(IpFamily::V4, release(version));
+        fp.add_services(&[small.clone(), big.clone()]);
+        fp.add_slices(std::slice::from_ref(&small_eps));
+        if large {
+            fp.add_slices(std::slice::from_ref(&big_eps));
+        }
+        let first = fp.sync();
+        assert!(first.full, "{case}");
+        assert_eq!(first.stats.large_cluster_mode, large, "{case}");
+        // Someone adds a rule to one of our chains; partial syncs leave it alone.
+        fp.ipt.ensure_rule(RulePosition::Append, Table::Nat, "KUBE-SERVICES", &rogue).expect("rogue rule");
+        assert!(!fp.sync_after(Duration::from_secs(59 * 60)).full, "{case}: 59 minutes after the full sync");
+        assert!(has_rogue(&fp), "{case}");
+        let later = fp.sync_after(Duration::from_secs(2 * 60));
+        assert_eq!(later.full, full_after_an_hour, "{case}: 61 minutes after the full sync");
+        assert_eq!(has_rogue(&fp), !full_after_an_hour, "{case}: a full sync rewrites KUBE-SERVICES");
+        // The hour starts again from the sync that was full.
+        assert!(!fp.sync_after(Duration::from_secs(31)).full, "{case}: right after");
+    }
+}

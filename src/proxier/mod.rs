@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::compat::FULL_SYNC_PERIOD;
 use crate::iptables::{self, FlushFlag, Iptables, RestoreCounters, RulePosition, Table};
 use crate::model::NamespacedName;
 use crate::model::chains::{self, NatChains};
@@ -261,6 +262,10 @@ pub struct Proxier {
     /// flushed from outside), then kept up to date from what each restore wrote and deleted.
     kernel_chains: Option<NatChains>,
     last_cleanup: Option<Instant>,
+    /// When the last successful full sync ended (as upstream's `lastFullSync`): from 1.33 a
+    /// sync is full again once this is [`FULL_SYNC_PERIOD`] old
+    /// ([`Proxier::periodic_full_sync_due`]).
+    last_full_sync: Option<Instant>,
     /// Clears stale UDP (1.29: and SCTP) conntrack entries after successful syncs; `None` in
     /// `render`.
     conntrack: Option<Arc<dyn Conntrack>>,
@@ -304,6 +309,7 @@ impl Proxier {
             render_state: render::RenderState::default(),
             kernel_chains: None,
             last_cleanup: None,
+            last_full_sync: None,
             conntrack: None,
             progress: None,
             nfacct: None,
@@ -403,6 +409,10 @@ impl Proxier {
         };
         let started = Instant::now();
         if drained.full_sync {
+            self.needs_full_sync = true;
+        }
+        if !self.needs_full_sync && self.periodic_full_sync_due(now) {
+            tracing::debug!(period = ?FULL_SYNC_PERIOD, "last full sync is older than the full sync period: syncing in full");
             self.needs_full_sync = true;
         }
         self.node_labels = drained.node_labels;
@@ -527,6 +537,9 @@ impl Proxier {
                 }
                 self.render_state.commit(written);
                 self.needs_full_sync = false;
+                if report.full {
+                    self.last_full_sync = Some(now + started.elapsed());
+                }
                 report.service_health = Some(ServiceHealthState {
                     ports: self.services.health_check_node_ports(),
                     local_endpoints: self.endpoints.local_ready_endpoints(),
@@ -566,6 +579,18 @@ impl Proxier {
                 SyncOutcome::Synced(Box::new(self.failed(report, err)))
             }
         }
+    }
+
+    /// Whether this release's periodic full sync is due at `now`: the last full sync is
+    /// more than [`FULL_SYNC_PERIOD`] old, and (from 1.34) the last sync was not in
+    /// large-cluster mode, where upstream skips it. The runner syncs at least once an hour
+    /// (its maximum interval, re-armed when a sync ends), so an idle proxier gets there too.
+    fn periodic_full_sync_due(&self, now: Instant) -> bool {
+        let release = self.cfg.render.features.release;
+        let large = self.render_state.large_cluster_mode() == Some(true);
+        release.has_periodic_full_sync()
+            && !(large && release.skips_periodic_full_sync_in_large_clusters())
+            && self.last_full_sync.is_some_and(|t| now.saturating_duration_since(t) > FULL_SYNC_PERIOD)
     }
 
     fn failed(&mut self, mut report: SyncReport, err: SyncError) -> SyncReport {

@@ -114,6 +114,11 @@ impl RenderState {
         self.large_cluster_mode = Some(written.large_cluster_mode);
     }
 
+    /// Whether the last successful sync was in large-cluster mode (`None` before one).
+    pub(crate) fn large_cluster_mode(&self) -> Option<bool> {
+        self.large_cluster_mode
+    }
+
     /// Forgets everything: the next render writes every chain.
     pub fn reset(&mut self) {
         *self = RenderState::default();
