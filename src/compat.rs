@@ -93,6 +93,12 @@ impl Release {
         self >= Release::V1_34
     }
 
+    /// Whether syncs are paced by the runner of `pkg/proxy/runner` (PR #131615, 1.34):
+    /// `minSyncPeriod` from the end of one sync to the start of the next, no burst of two.
+    pub(crate) fn paces_syncs_after_completion(self) -> bool {
+        self >= Release::V1_34
+    }
+
     /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
     pub(crate) fn accepts_primary_node_port_addresses(self) -> bool {
         self >= Release::V1_31

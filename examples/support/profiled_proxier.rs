@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube_proxy_rs::daemon::runner::BoundedFrequencyRunner;
+use kube_proxy_rs::daemon::runner::{BoundedFrequencyRunner, Pacing};
 use kube_proxy_rs::exec::{Command, Exec, ExecError, Feed, Output};
 use kube_proxy_rs::iptables::runner::{Backend, IptablesRunner, RunnerOptions};
 use kube_proxy_rs::k8s::{ChangeSink, ProxierSet};
@@ -153,8 +153,8 @@ pub fn proxier(kernel: Arc<KernelExec>) -> (Arc<Mutex<Proxier>>, ProxierSet, Bou
         sync_period: Duration::from_secs(30),
     };
     let proxier = Arc::new(Mutex::new(Proxier::new(cfg, Arc::new(runner), Arc::new(StaticInterfaces(Vec::new())))));
-    let sync_runner =
-        BoundedFrequencyRunner::new("sync", Duration::ZERO, Duration::from_secs(3600), 2).expect("runner");
+    let sync_runner = BoundedFrequencyRunner::new("sync", Duration::ZERO, Duration::from_secs(3600), Pacing::Burst(2))
+        .expect("runner");
     let handle = sync_runner.handle();
     let recorder: Arc<dyn ChangeSink> = proxier.lock().expect("proxier").recorder();
     let set = ProxierSet::new(vec![(recorder, Arc::new(move || handle.run()))]);

@@ -4,7 +4,8 @@
 //! This module owns two pieces:
 //!
 //! * [`Schedule`]: the pure decision logic. Given `now`, it says whether a requested run may
-//!   happen (a token bucket allowing `burst` runs, refilled at one run per `min_interval`)
+//!   happen (up to 1.33 a token bucket allowing `burst` runs, refilled at one run per
+//!   `min_interval`; from 1.34 `min_interval` after the last run ended, [`Pacing`])
 //!   and when the timer should next fire (at most `max_interval` after the last run, earlier
 //!   for a refused request or a retry). No clocks, no tasks: unit tests drive it with
 //!   hand-made instants.
@@ -75,13 +76,26 @@ impl TokenBucket {
     }
 }
 
+/// How `min_interval` spaces runs: upstream changed it in 1.34.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pacing {
+    /// Up to 1.33 (`async.BoundedFrequencyRunner`): up to this many runs back to back, then
+    /// one per `min_interval`, counted from run start to run start (a token bucket).
+    Burst(u32),
+    /// From 1.34 (`pkg/proxy/runner`, PR #131615): `min_interval` from the end of one run to
+    /// the start of the next, with no burst.
+    AfterCompletion,
+}
+
 /// The pure scheduling state of a bounded-frequency runner. See the module docs.
 #[derive(Debug, Clone)]
 pub(crate) struct Schedule {
     min_interval: Duration,
     max_interval: Duration,
-    /// `None` when `min_interval` is zero: every request runs.
+    /// `None` when `min_interval` is zero or runs are paced after completion.
     limiter: Option<TokenBucket>,
+    after_completion: bool,
+    /// When the last run finished.
     last_run: Option<Instant>,
     deadline: Instant,
 }
@@ -92,17 +106,25 @@ impl Schedule {
         name: &str,
         min_interval: Duration,
         max_interval: Duration,
-        burst: u32,
+        pacing: Pacing,
         now: Instant,
     ) -> Result<Self, RunnerError> {
         if max_interval < min_interval {
             return Err(RunnerError::IntervalOrder { name: name.to_string(), min: min_interval, max: max_interval });
         }
-        if burst == 0 {
-            return Err(RunnerError::ZeroBurst { name: name.to_string() });
-        }
-        let limiter = (!min_interval.is_zero()).then(|| TokenBucket::new(min_interval, burst, now));
-        Ok(Schedule { min_interval, max_interval, limiter, last_run: None, deadline: instant_after(now, max_interval) })
+        let limiter = match pacing {
+            Pacing::Burst(0) => return Err(RunnerError::ZeroBurst { name: name.to_string() }),
+            Pacing::Burst(burst) => (!min_interval.is_zero()).then(|| TokenBucket::new(min_interval, burst, now)),
+            Pacing::AfterCompletion => None,
+        };
+        Ok(Schedule {
+            min_interval,
+            max_interval,
+            limiter,
+            after_completion: pacing == Pacing::AfterCompletion,
+            last_run: None,
+            deadline: instant_after(now, max_interval),
+        })
     }
 
     /// When the timer next fires.
@@ -113,6 +135,18 @@ impl Schedule {
     /// A run was requested (or the timer fired) at `now`. `true`: run now, then call
     /// [`Schedule::ran`]. `false`: the timer was re-armed for when a run will be allowed.
     pub(crate) fn try_run(&mut self, now: Instant) -> bool {
+        if self.after_completion {
+            let Some(finished) = self.last_run else {
+                return true;
+            };
+            let allowed = instant_after(finished, self.min_interval);
+            if now >= allowed {
+                return true;
+            }
+            self.deadline = self.deadline.min(allowed);
+            tracing::trace!(wait = ?allowed.saturating_duration_since(now), "run deferred until min interval after the last");
+            return false;
+        }
         let Some(limiter) = self.limiter.as_mut() else {
             return true;
         };
@@ -192,14 +226,14 @@ impl RunnerHandle {
     }
 }
 
-/// Calls a function at most `burst` times in a row and then at most once per `min_interval`,
+/// Calls a function at most as often as its [`Pacing`] and `min_interval` allow,
 /// and at least once per `max_interval`. See the module docs.
 #[derive(Debug)]
 pub struct BoundedFrequencyRunner {
     name: String,
     min_interval: Duration,
     max_interval: Duration,
-    burst: u32,
+    pacing: Pacing,
     shared: Arc<Shared>,
 }
 
@@ -208,12 +242,12 @@ impl BoundedFrequencyRunner {
         name: impl Into<String>,
         min_interval: Duration,
         max_interval: Duration,
-        burst: u32,
+        pacing: Pacing,
     ) -> Result<Self, RunnerError> {
         let name = name.into();
         // Validate now rather than when the loop starts.
-        Schedule::new(&name, min_interval, max_interval, burst, Instant::now())?;
-        Ok(BoundedFrequencyRunner { name, min_interval, max_interval, burst, shared: Arc::default() })
+        Schedule::new(&name, min_interval, max_interval, pacing, Instant::now())?;
+        Ok(BoundedFrequencyRunner { name, min_interval, max_interval, pacing, shared: Arc::default() })
     }
 
     pub fn handle(&self) -> RunnerHandle {
@@ -228,7 +262,7 @@ impl BoundedFrequencyRunner {
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<Duration>>,
     {
-        let mut schedule = match Schedule::new(&self.name, self.min_interval, self.max_interval, self.burst, now()) {
+        let mut schedule = match Schedule::new(&self.name, self.min_interval, self.max_interval, self.pacing, now()) {
             Ok(s) => s,
             Err(e) => {
                 // `new` validated the same parameters; keep the loop total anyway.
@@ -236,7 +270,7 @@ impl BoundedFrequencyRunner {
                 return;
             }
         };
-        tracing::debug!(runner = %self.name, min = ?self.min_interval, max = ?self.max_interval, burst = self.burst, "loop running");
+        tracing::debug!(runner = %self.name, min = ?self.min_interval, max = ?self.max_interval, pacing = ?self.pacing, "loop running");
         loop {
             let requests = self.shared.take();
             if requests.run {
@@ -298,15 +332,15 @@ mod tests {
     #[test]
     fn schedule_rejects_bad_parameters() {
         let t = Instant::now();
-        assert!(matches!(Schedule::new("x", MS * 10, MS, 1, t), Err(RunnerError::IntervalOrder { .. })));
-        assert!(matches!(Schedule::new("x", MS, MS * 10, 0, t), Err(RunnerError::ZeroBurst { .. })));
-        assert!(BoundedFrequencyRunner::new("x", MS * 2, MS, 1).is_err());
+        assert!(matches!(Schedule::new("x", MS * 10, MS, Pacing::Burst(1), t), Err(RunnerError::IntervalOrder { .. })));
+        assert!(matches!(Schedule::new("x", MS, MS * 10, Pacing::Burst(0), t), Err(RunnerError::ZeroBurst { .. })));
+        assert!(BoundedFrequencyRunner::new("x", MS * 2, MS, Pacing::Burst(1)).is_err());
     }
 
     #[test]
     fn schedule_burst_then_min_interval() {
         let t0 = Instant::now();
-        let mut s = Schedule::new("t", MS * 100, MS * 1000, 2, t0).expect("valid");
+        let mut s = Schedule::new("t", MS * 100, MS * 1000, Pacing::Burst(2), t0).expect("valid");
         assert_eq!(s.deadline(), at(t0, 1000));
         // Two runs in a row are allowed.
         assert!(s.try_run(t0));
@@ -326,9 +360,37 @@ mod tests {
     }
 
     #[test]
+    fn schedule_after_completion_counts_from_the_end_of_a_run() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new("t", MS * 100, MS * 1000, Pacing::AfterCompletion, t0).expect("valid");
+        assert!(s.try_run(t0), "the first run is not held back");
+        s.ran(at(t0, 50)); // a run of 50 ms
+        // No burst: the next waits until 100 ms after the end, not after the start.
+        assert!(!s.try_run(at(t0, 60)));
+        assert_eq!(s.deadline(), at(t0, 150));
+        assert!(!s.try_run(at(t0, 149)));
+        assert!(s.try_run(at(t0, 150)));
+        s.ran(at(t0, 400)); // a run longer than the min interval
+        assert!(!s.try_run(at(t0, 401)), "even a long run is followed by the min interval");
+        assert_eq!(s.deadline(), at(t0, 500));
+        // The periodic timer is not pushed later by a deferral.
+        let mut s = Schedule::new("t", MS * 100, MS * 100, Pacing::AfterCompletion, t0).expect("valid");
+        s.ran(at(t0, 10));
+        assert!(!s.try_run(at(t0, 20)));
+        assert_eq!(s.deadline(), at(t0, 110));
+        // A zero min interval never holds a run back; an absurd one does not overflow.
+        let mut s = Schedule::new("t", Duration::ZERO, MS * 10, Pacing::AfterCompletion, t0).expect("valid");
+        s.ran(t0);
+        assert!(s.try_run(t0));
+        let mut s = Schedule::new("t", Duration::MAX, Duration::MAX, Pacing::AfterCompletion, t0).expect("valid");
+        s.ran(t0);
+        assert!(!s.try_run(at(t0, 1000)));
+    }
+
+    #[test]
     fn schedule_deferral_never_later_than_timer() {
         let t0 = Instant::now();
-        let mut s = Schedule::new("t", MS * 100, MS * 100, 1, t0).expect("valid");
+        let mut s = Schedule::new("t", MS * 100, MS * 100, Pacing::Burst(1), t0).expect("valid");
         assert!(s.try_run(t0));
         s.ran(at(t0, 50)); // a slow run: timer at 150
         assert!(!s.try_run(at(t0, 60)));
@@ -339,7 +401,7 @@ mod tests {
     #[test]
     fn schedule_zero_min_interval_always_runs() {
         let t0 = Instant::now();
-        let mut s = Schedule::new("t", Duration::ZERO, MS * 10, 1, t0).expect("valid");
+        let mut s = Schedule::new("t", Duration::ZERO, MS * 10, Pacing::Burst(1), t0).expect("valid");
         for i in 0..5 {
             assert!(s.try_run(at(t0, i)));
             s.ran(at(t0, i));
@@ -350,7 +412,7 @@ mod tests {
     #[test]
     fn absurd_durations_do_not_overflow() {
         let t0 = Instant::now();
-        let mut s = Schedule::new("t", Duration::MAX, Duration::MAX, 1, t0).expect("valid");
+        let mut s = Schedule::new("t", Duration::MAX, Duration::MAX, Pacing::Burst(1), t0).expect("valid");
         assert!(s.deadline() > t0);
         assert!(s.try_run(t0));
         s.ran(t0);
@@ -361,7 +423,7 @@ mod tests {
     #[test]
     fn schedule_retry_only_moves_earlier() {
         let t0 = Instant::now();
-        let mut s = Schedule::new("t", MS, MS * 1000, 1, t0).expect("valid");
+        let mut s = Schedule::new("t", MS, MS * 1000, Pacing::Burst(1), t0).expect("valid");
         s.retry(t0, at(t0, 2000));
         assert_eq!(s.deadline(), at(t0, 1000));
         s.retry(t0, at(t0, 300));
@@ -377,7 +439,17 @@ mod tests {
         burst: u32,
         retry: Option<Duration>,
     ) -> (RunnerHandle, Arc<Mutex<Vec<Duration>>>, CancellationToken, tokio::task::JoinHandle<()>) {
-        let runner = BoundedFrequencyRunner::new("test", min, max, burst).expect("valid");
+        spawn_paced(min, max, Pacing::Burst(burst), retry)
+    }
+
+    /// [`spawn_recording`] with any pacing.
+    fn spawn_paced(
+        min: Duration,
+        max: Duration,
+        pacing: Pacing,
+        retry: Option<Duration>,
+    ) -> (RunnerHandle, Arc<Mutex<Vec<Duration>>>, CancellationToken, tokio::task::JoinHandle<()>) {
+        let runner = BoundedFrequencyRunner::new("test", min, max, pacing).expect("valid");
         let handle = runner.handle();
         let calls = Arc::new(Mutex::new(Vec::new()));
         let shutdown = CancellationToken::new();
@@ -434,6 +506,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn after_completion_pacing_has_no_burst() {
+        let (handle, calls, shutdown, task) =
+            spawn_paced(Duration::from_secs(1), Duration::from_secs(3600), Pacing::AfterCompletion, None);
+        for _ in 0..4 {
+            handle.run();
+            sleep_s(0.1).await;
+        }
+        sleep_s(3.0).await;
+        // Where a burst of 2 ran at 0, 0.1 and 1.1, one run and then one a min interval after.
+        assert_eq!(*calls.lock().expect("lock"), secs(&[0.0, 1.0]));
+        handle.run();
+        sleep_s(0.1).await;
+        assert_eq!(*calls.lock().expect("lock"), secs(&[0.0, 1.0, 3.4]), "an idle runner runs at once");
+        shutdown.cancel();
+        task.await.expect("loop ends");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn max_interval_runs_without_requests() {
         let (_handle, calls, shutdown, task) =
             spawn_recording(Duration::from_secs(1), Duration::from_secs(10), 2, None);
@@ -484,7 +574,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn run_requested_from_inside_the_function() {
         let runner =
-            BoundedFrequencyRunner::new("test", Duration::from_secs(2), Duration::from_secs(60), 1).expect("ok");
+            BoundedFrequencyRunner::new("test", Duration::from_secs(2), Duration::from_secs(60), Pacing::Burst(1))
+                .expect("ok");
         let handle = runner.handle();
         let inner = handle.clone();
         let calls = Arc::new(Mutex::new(Vec::new()));

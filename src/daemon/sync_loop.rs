@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::daemon::runner::{BoundedFrequencyRunner, RunnerError, RunnerHandle};
+use crate::compat::Release;
+use crate::daemon::runner::{BoundedFrequencyRunner, Pacing, RunnerError, RunnerHandle};
 use crate::iptables::Iptables;
 use crate::iptables::monitor::{CANARY_TABLES, CanaryMonitor, Sentinel};
 use crate::iptables::{CHAIN_FORWARD, CHAIN_PREROUTING, Table};
@@ -22,11 +23,18 @@ use crate::model::IpFamily;
 use crate::model::chains::{KUBE_FORWARD, KUBE_PROXY_CANARY, KUBE_SERVICES};
 use crate::proxier::{JUMP_CHAINS, Proxier, SyncOutcome, SyncReport};
 
-/// Syncs allowed back to back before `min_sync_period` applies (upstream's `burstSyncs`).
+/// Syncs allowed back to back before `min_sync_period` applies (upstream's `burstSyncs`, up
+/// to 1.33; later releases pace syncs after completion, [`Pacing`]).
 pub(crate) const BURST_SYNCS: u32 = 2;
 /// The runner's maximum interval: the canary monitor, not the runner, triggers periodic
 /// resyncs, so this only needs to be long (upstream uses an hour too).
 pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// How the release paces syncs: a burst of two up to 1.33, one `minSyncPeriod` after the
+/// end of the last sync from 1.34.
+fn sync_pacing(release: Release) -> Pacing {
+    if release.paces_syncs_after_completion() { Pacing::AfterCompletion } else { Pacing::Burst(BURST_SYNCS) }
+}
 
 /// A proxier and its sync loop (tests sync it by hand through the same lock).
 pub type SharedProxier = Arc<Mutex<Proxier>>;
@@ -71,7 +79,8 @@ impl SyncLoop {
         min_sync_period: Duration,
         sync_period: Duration,
     ) -> Result<SyncLoop, RunnerError> {
-        let runner = BoundedFrequencyRunner::new("sync-runner", min_sync_period, MAX_INTERVAL, BURST_SYNCS)?;
+        let pacing = sync_pacing(lock(&proxier).config().render.features.release);
+        let runner = BoundedFrequencyRunner::new("sync-runner", min_sync_period, MAX_INTERVAL, pacing)?;
         let monitor = CanaryMonitor::new(iptables, KUBE_PROXY_CANARY, &CANARY_TABLES, sync_period)
             .with_sentinels(sentinel_jumps());
         Ok(SyncLoop { proxier, runner, monitor })
@@ -198,5 +207,13 @@ mod tests {
         assert_eq!(s[0].args.join(" "), "-m comment --comment kubernetes service portals -j KUBE-SERVICES");
         assert_eq!((s[1].table, s[1].chain.as_str()), (Table::Filter, "FORWARD"));
         assert_eq!(s[1].args.last().map(String::as_str), Some("KUBE-FORWARD"));
+    }
+
+    #[test]
+    fn syncs_are_paced_as_the_release_paces_them() {
+        for release in Release::all() {
+            let want = if release.minor() >= 34 { Pacing::AfterCompletion } else { Pacing::Burst(2) };
+            assert_eq!(sync_pacing(release), want, "{release}");
+        }
     }
 }

@@ -71,7 +71,7 @@ pub fn shared_test_proxier() -> (
         "test",
         Duration::ZERO,
         Duration::from_secs(3600),
-        2,
+        kube_proxy_rs::daemon::runner::Pacing::Burst(2),
     )
     .expect("runner");
     (proxier, ipt, runner)
