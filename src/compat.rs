@@ -99,6 +99,12 @@ impl Release {
         self >= Release::V1_34
     }
 
+    /// Whether only the Node's zone label is tracked (`NodeTopologyConfig`, PR #133059,
+    /// 1.34): other label changes and the Node's deletion no longer force a full sync.
+    pub(crate) fn tracks_only_topology_labels(self) -> bool {
+        self >= Release::V1_34
+    }
+
     /// Whether `nodePortAddresses` may be the keyword `primary` (added in 1.31).
     pub(crate) fn accepts_primary_node_port_addresses(self) -> bool {
         self >= Release::V1_31

@@ -14,6 +14,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use super::{EndpointChangeTracker, EndpointChanges, ServiceChangeTracker, ServiceChanges};
 use crate::compat::Features;
 use crate::model::{InvalidService, IpFamily, NamespacedName};
+use crate::tracker::topology::LABEL_TOPOLOGY_ZONE;
 
 /// Observes the change trackers the way upstream's change metrics do.
 pub trait ChangeObserver: Send + Sync {
@@ -155,12 +156,33 @@ impl ChangeRecorder {
             );
             return false;
         }
+        if self.features.release.tracks_only_topology_labels() {
+            return self.on_node_topology(node);
+        }
         let labels = node.map(|n| n.metadata.labels.clone().unwrap_or_default());
         let mut p = self.lock();
         if labels == p.node_labels {
             return false;
         }
         p.node_labels = labels;
+        p.full_sync = true;
+        true
+    }
+
+    /// [`ChangeRecorder::on_node`] from 1.34 (upstream's `NodeTopologyConfig`): only the
+    /// zone label is kept, so a change to any other label (or an informer resync) costs no
+    /// full sync; a deleted Node changes nothing; a Node without a zone is the start state.
+    fn on_node_topology(&self, node: Option<&Node>) -> bool {
+        let Some(node) = node else {
+            return false;
+        };
+        let zone = node.metadata.labels.as_ref().and_then(|l| l.get_key_value(LABEL_TOPOLOGY_ZONE));
+        let labels: BTreeMap<String, String> = zone.map(|(k, v)| (k.clone(), v.clone())).into_iter().collect();
+        let mut p = self.lock();
+        if p.node_labels.as_ref().map_or(labels.is_empty(), |known| *known == labels) {
+            return false;
+        }
+        p.node_labels = Some(labels);
         p.full_sync = true;
         true
     }
@@ -274,7 +296,8 @@ mod tests {
 
     #[test]
     fn node_labels_and_resyncs_force_full_syncs() {
-        let r = recorder();
+        // Up to 1.33 every label counts.
+        let r = ChangeRecorder::new(IpFamily::V4, Features::of(crate::compat::Release::V1_33), "node-a", None);
         r.on_services_synced();
         r.on_endpoint_slices_synced();
         r.drain();
@@ -291,5 +314,43 @@ mod tests {
         r.resync_from_kernel();
         let d = r.drain().expect("initialized");
         assert!(d.full_sync && d.kernel_changed);
+        let mut labelled = node.clone();
+        labelled.metadata.labels = Some(BTreeMap::from([("team".to_string(), "a".to_string())]));
+        assert!(r.on_node(Some(&labelled)), "up to 1.33 any label change is a full sync");
+        assert!(r.on_node(None), "and so is the Node's deletion");
+        assert_eq!(r.drain().expect("initialized").node_labels, None);
+    }
+
+    #[test]
+    fn from_1_34_only_the_zone_label_counts() {
+        let r = recorder();
+        assert!(r.features.release.tracks_only_topology_labels(), "the default release");
+        r.on_services_synced();
+        r.on_endpoint_slices_synced();
+        r.drain();
+        let labelled = |labels: &[(&str, &str)]| {
+            let mut node = Node::default();
+            node.metadata.name = Some("node-a".into());
+            node.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+            node
+        };
+        assert!(!r.on_node(Some(&labelled(&[]))), "no zone is where a proxier starts");
+        assert!(!r.on_node(Some(&labelled(&[("team", "a")]))), "other labels do not count");
+        assert!(!r.drain().expect("initialized").full_sync);
+        let zone_a =
+            labelled(&[("team", "a"), (LABEL_TOPOLOGY_ZONE, "zone-a"), ("topology.kubernetes.io/region", "r")]);
+        assert!(r.on_node(Some(&zone_a)));
+        let d = r.drain().expect("initialized");
+        assert!(d.full_sync);
+        assert_eq!(d.node_labels, Some(BTreeMap::from([(LABEL_TOPOLOGY_ZONE.to_string(), "zone-a".to_string())])));
+        assert!(!r.on_node(Some(&labelled(&[(LABEL_TOPOLOGY_ZONE, "zone-a"), ("team", "b")]))));
+        assert!(!r.on_node(None), "a deleted Node changes nothing");
+        assert!(!r.drain().expect("initialized").full_sync);
+        assert!(r.on_node(Some(&labelled(&[(LABEL_TOPOLOGY_ZONE, "zone-b")]))), "a new zone does");
+        assert!(r.on_node(Some(&labelled(&[]))), "and so does losing it");
+        assert_eq!(r.drain().expect("initialized").node_labels, Some(BTreeMap::new()));
+        let mut other = labelled(&[(LABEL_TOPOLOGY_ZONE, "zone-c")]);
+        other.metadata.name = Some("node-b".into());
+        assert!(!r.on_node(Some(&other)), "another node's events are ignored");
     }
 }
