@@ -504,18 +504,23 @@ fn failed_partial_sync_forces_a_full_resync() {
     assert!(fp.ipt.rules(Table::Nat, &svc4_sep).is_none(), "stale chain deleted by the full resync");
 }
 
-/// Crossing the large-cluster threshold changes every endpoint rule's comments; the partial
-/// sync that crosses it rewrites every service so the result still equals a full sync.
-#[test]
-fn crossing_the_large_cluster_threshold_rewrites_everything() {
+/// A service with two endpoints and one with `big_endpoints`, each with its slice.
+fn small_and_big(big_endpoints: u32) -> (Service, EndpointSlice, Service, EndpointSlice) {
     let small = svc("ns1", "small").cluster_ip("172.30.0.1").tcp("p80", 80).build();
     let small_eps = slice("ns1", "small", "small-1").tcp("p80", 80).ips(&["10.1.0.1", "10.1.0.2"]).build();
     let big = svc("ns2", "big").cluster_ip("172.30.0.2").tcp("p80", 80).build();
     let mut big_eps = slice("ns2", "big", "big-1").tcp("p80", 80);
-    for n in 0..1000u32 {
+    for n in 0..big_endpoints {
         big_eps = big_eps.endpoint(ep(&format!("10.2.{}.{}", n / 250, n % 250 + 1)));
     }
-    let big_eps = big_eps.build();
+    (small, small_eps, big, big_eps.build())
+}
+
+/// Crossing the large-cluster threshold changes every endpoint rule's comments; the partial
+/// sync that crosses it rewrites every service so the result still equals a full sync.
+#[test]
+fn crossing_the_large_cluster_threshold_rewrites_everything() {
+    let (small, small_eps, big, big_eps) = small_and_big(1000);
 
     let mut fp = TestProxier::new(IpFamily::V4);
     fp.add_services(&[small.clone(), big.clone()]);
@@ -896,14 +901,7 @@ fn partial_syncs_compute_only_changed_services() {
 fn periodic_full_sync_follows_the_release() {
     use kube_proxy_rs::iptables::{Iptables, RulePosition};
     let release = |r: &str| r.parse::<Release>().expect("release");
-    let small = svc("ns1", "small").cluster_ip("172.30.0.1").tcp("p80", 80).build();
-    let small_eps = slice("ns1", "small", "small-1").tcp("p80", 80).ips(&["10.1.0.1", "10.1.0.2"]).build();
-    let big = svc("ns2", "big").cluster_ip("172.30.0.2").tcp("p80", 80).build();
-    let mut big_eps = slice("ns2", "big", "big-1").tcp("p80", 80);
-    for n in 0..1001u32 {
-        big_eps = big_eps.endpoint(ep(&format!("10.2.{}.{}", n / 250, n % 250 + 1)));
-    }
-    let big_eps = big_eps.build();
+    let (small, small_eps, big, big_eps) = small_and_big(1001);
     let rogue = ["-s", "203.0.113.9/32", "-j", "RETURN"];
     let has_rogue = |fp: &TestProxier| {
         fp.ipt.rules(Table::Nat, "KUBE-SERVICES").unwrap_or_default().iter().any(|r| r.contains("203.0.113.9"))

@@ -239,7 +239,7 @@ impl Daemon {
                     health.sync_failed(family);
                 }
                 if report.result.is_ok() {
-                    health.updated(family);
+                    health.synced(family, report.elapsed);
                     if let (Some(sh), Some(state)) = (&service_health, &report.service_health) {
                         let mut all = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         all.insert(family, state.clone());

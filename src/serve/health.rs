@@ -136,6 +136,9 @@ pub struct ProxierHealth {
     last_updated: BTreeMap<IpFamily, SystemTime>,
     /// Per family, when the oldest update not yet applied was queued.
     oldest_pending_queued: BTreeMap<IpFamily, SystemTime>,
+    /// The newest change queued per family since its last successful sync: what stays
+    /// pending when a sync took only the older ones ([`ProxierHealth::synced`]).
+    newest_pending_queued: BTreeMap<IpFamily, SystemTime>,
     /// Per family, when the sync in progress last showed progress (it finished one of the
     /// transactions a large restore is split into).
     last_progress: BTreeMap<IpFamily, SystemTime>,
@@ -177,6 +180,7 @@ impl ProxierHealth {
             health_timeout,
             last_updated: BTreeMap::new(),
             oldest_pending_queued: BTreeMap::new(),
+            newest_pending_queued: BTreeMap::new(),
             last_progress: BTreeMap::new(),
             node_eligible: None,
             release,
@@ -199,6 +203,8 @@ impl ProxierHealth {
     /// pending change counts: later calls do not move the deadline.
     pub fn queued_update(&mut self, family: IpFamily, now: SystemTime) {
         self.oldest_pending_queued.entry(family).or_insert(now);
+        let newest = self.newest_pending_queued.entry(family).or_insert(now);
+        *newest = (*newest).max(now);
     }
 
     /// The sync of `family` is making progress (it applied one step of a restore split
@@ -215,7 +221,29 @@ impl ProxierHealth {
 
     /// The proxier of `family` wrote rules reflecting everything queued so far.
     pub fn updated(&mut self, family: IpFamily, now: SystemTime) {
-        self.oldest_pending_queued.remove(&family);
+        self.synced(family, now, now);
+    }
+
+    /// A sync of `family` that took its changes at `started` succeeded at `now`: what was
+    /// queued up to `started` is written. A change queued while it ran (one watch event
+    /// during the sync of another) is still pending, or a sync after it that fails would
+    /// never count as late; it is judged from the newest change queued during the sync
+    /// (only the oldest and newest are kept), at most that sync's duration generous.
+    /// (Upstream clears the mark whatever was queued during the sync; the next sync, which
+    /// that queueing requested, clears it here.)
+    pub fn synced(&mut self, family: IpFamily, started: SystemTime, now: SystemTime) {
+        match self.newest_pending_queued.get(&family).copied() {
+            Some(newest) if newest > started => {
+                let oldest = self.oldest_pending_queued.entry(family).or_insert(newest);
+                if *oldest <= started {
+                    *oldest = newest;
+                }
+            }
+            _ => {
+                self.oldest_pending_queued.remove(&family);
+                self.newest_pending_queued.remove(&family);
+            }
+        }
         self.last_progress.remove(&family);
         self.last_updated.insert(family, now);
     }
@@ -425,6 +453,13 @@ impl ProxierHealthServer {
     pub fn updated(&self, family: IpFamily) {
         let now = self.clock.now();
         self.with_state(|s| s.updated(family, now));
+    }
+
+    /// See [`ProxierHealth::synced`]: a sync that took `took` has just succeeded.
+    pub fn synced(&self, family: IpFamily, took: Duration) {
+        let now = self.clock.now();
+        let started = now.checked_sub(took).unwrap_or(now);
+        self.with_state(|s| s.synced(family, started, now));
     }
 
     /// See [`ProxierHealth::sync_node`].
@@ -650,6 +685,29 @@ mod tests {
         // A clock that went backwards is not "late".
         h.queued_update(IpFamily::V4, at(6_000));
         assert!(h.is_healthy(at(10)));
+    }
+
+    #[test]
+    fn a_change_queued_during_a_sync_stays_pending() {
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_29);
+        h.updated(IpFamily::V4, at(1_000));
+        // A sync takes its changes at 1 010; another change is queued at 1 012, while it
+        // runs; it succeeds at 1 015. The change queued during it is not written.
+        h.queued_update(IpFamily::V4, at(1_005));
+        h.queued_update(IpFamily::V4, at(1_011));
+        h.queued_update(IpFamily::V4, at(1_012));
+        h.synced(IpFamily::V4, at(1_010), at(1_015));
+        assert_eq!(h.health(at(1_020)).last_updated, Some(at(1_015)));
+        assert!(h.is_healthy(at(1_012 + 59)));
+        // Its own sync fails (no further success): late from its queueing.
+        assert!(!h.is_healthy(at(1_012 + 60)));
+        // A sync that took it succeeds: nothing pending.
+        h.synced(IpFamily::V4, at(1_100), at(1_101));
+        assert!(h.is_healthy(at(5_000)));
+        // A change queued exactly as a sync takes its changes counts as taken.
+        h.queued_update(IpFamily::V4, at(6_000));
+        h.synced(IpFamily::V4, at(6_000), at(6_001));
+        assert!(h.is_healthy(at(9_000)));
     }
 
     #[test]
