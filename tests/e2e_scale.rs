@@ -97,12 +97,17 @@ struct ScaleRun {
     rss_kb: u64,
     log: String,
     save_calls: String,
-    /// The calls in `save_calls` made before the first endpoint change (start-up and the
-    /// first sync).
-    save_calls_at_start: usize,
+    /// The start of `save_calls` (the log only grows): the calls made before the first
+    /// endpoint change (start-up and the first sync).
+    save_calls_at_start: String,
     /// The endpoint chains the changes created (stale once put back; large-cluster mode
     /// deletes them at most once per sync period).
     changed_chains: Vec<String>,
+}
+
+/// How many syncs the daemon has logged as complete.
+fn sync_count(log: &str) -> usize {
+    log.matches("sync complete").count()
 }
 
 /// Waits until endpoint chain `chain` (change `k`, written at `changed`) is in the kernel
@@ -122,13 +127,12 @@ async fn wait_programmed(
     changed: Instant,
     k: usize,
 ) -> Duration {
-    let syncs = |log: &str| log.matches("sync complete").count();
     let mut syncs_seen = syncs_before;
     loop {
         assert!(changed.elapsed() < Duration::from_secs(120), "change {k} never programmed\n{}", daemon.log_text());
         match backend {
             Backend::Legacy => {
-                let now = syncs(&daemon.log_text());
+                let now = sync_count(&daemon.log_text());
                 let seen_at = changed.elapsed();
                 if now > syncs_seen {
                     syncs_seen = now;
@@ -201,7 +205,7 @@ async fn run_daemon(
     // Let the first sync's follow-ups settle before measuring single changes.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let save_calls_at_start = std::fs::read_to_string(&save_log).unwrap_or_default().lines().count();
+    let save_calls_at_start = std::fs::read_to_string(&save_log).unwrap_or_default();
     let probe_start = Instant::now();
     assert!(chain_exists(backend, node_ns, &last_chain));
     let probe = probe_start.elapsed();
@@ -212,8 +216,7 @@ async fn run_daemon(
         let i = (k * 7919) % services;
         let (slice, ip) = one_endpoint_changed(i, k);
         let chain = endpoint_chain(i, &ip);
-        let syncs = |log: &str| log.matches("sync complete").count();
-        let before = syncs(&daemon.log_text());
+        let before = sync_count(&daemon.log_text());
         let changed = Instant::now();
         server.update(&slice);
         latencies.push(wait_programmed(backend, node_ns, &chain, &daemon, before, changed, k).await);
@@ -222,7 +225,7 @@ async fn run_daemon(
         // pass, so every change arrives alone at an idle proxier, as the stream does.
         server.update(&synthetic::slice(i, ENDPOINTS, 0));
         let put_back = Instant::now();
-        while syncs(&daemon.log_text()) < before + 2 {
+        while sync_count(&daemon.log_text()) < before + 2 {
             assert!(put_back.elapsed() < Duration::from_secs(120), "put-back {k} never synced\n{}", daemon.log_text());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -463,13 +466,11 @@ async fn scale_benchmark() {
         run.probe.as_secs_f64()
     );
     eprintln!("RSS: {:.1} MB at the end, peak {:.1} MB", run.rss_kb as f64 / 1024.0, run.peak_rss_kb as f64 / 1024.0);
-    let (at_start, steady) =
-        run.save_calls.lines().enumerate().partition::<Vec<_>, _>(|(n, _)| *n < run.save_calls_at_start);
-    let nat_count = |calls: Vec<(usize, &str)>| calls.into_iter().filter(|(_, l)| !nat_reads(l).is_empty()).count();
-    let steady_reads = nat_count(steady);
+    let steady = run.save_calls.strip_prefix(run.save_calls_at_start.as_str()).unwrap_or(&run.save_calls);
+    let steady_reads = nat_reads(steady).len();
     eprintln!(
         "nat table reads with iptables-save: {} at start-up and in the first sync, {steady_reads} during the change stream",
-        nat_count(at_start)
+        nat_reads(&run.save_calls_at_start).len()
     );
     // Upstream's way on the same state, same run: one save of the programmed node, and one
     // restore of the full payload into a fresh namespace (each may take minutes on nft).

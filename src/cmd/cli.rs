@@ -144,7 +144,8 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "BOOL", action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1,
           require_equals = true, default_missing_value = "true", help_heading = "Proxying")]
     pub masquerade_all: Option<bool>,
-    /// How often rules are fully re-synchronized; must be greater than 0 [default: 30s].
+    /// How often re-synchronizing and cleanup work runs (the canary check, the retry after a
+    /// failed sync, stale chains in large clusters); must be greater than 0 [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true, help_heading = "Proxying")]
     pub iptables_sync_period: Option<GoDuration>,
     /// The minimum period between rule resyncs; 0 means every Service or EndpointSlice

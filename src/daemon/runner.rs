@@ -87,14 +87,21 @@ pub enum Pacing {
     AfterCompletion,
 }
 
+/// What holds a requested run back, from the [`Pacing`] and `min_interval`.
+#[derive(Debug, Clone)]
+enum Spacing {
+    /// Nothing: a burst pacing with a zero `min_interval`.
+    Free,
+    Bucket(TokenBucket),
+    AfterCompletion,
+}
+
 /// The pure scheduling state of a bounded-frequency runner. See the module docs.
 #[derive(Debug, Clone)]
 pub(crate) struct Schedule {
     min_interval: Duration,
     max_interval: Duration,
-    /// `None` when `min_interval` is zero or runs are paced after completion.
-    limiter: Option<TokenBucket>,
-    after_completion: bool,
+    spacing: Spacing,
     /// When the last run finished.
     last_run: Option<Instant>,
     deadline: Instant,
@@ -112,19 +119,13 @@ impl Schedule {
         if max_interval < min_interval {
             return Err(RunnerError::IntervalOrder { name: name.to_string(), min: min_interval, max: max_interval });
         }
-        let limiter = match pacing {
+        let spacing = match pacing {
             Pacing::Burst(0) => return Err(RunnerError::ZeroBurst { name: name.to_string() }),
-            Pacing::Burst(burst) => (!min_interval.is_zero()).then(|| TokenBucket::new(min_interval, burst, now)),
-            Pacing::AfterCompletion => None,
+            Pacing::Burst(_) if min_interval.is_zero() => Spacing::Free,
+            Pacing::Burst(burst) => Spacing::Bucket(TokenBucket::new(min_interval, burst, now)),
+            Pacing::AfterCompletion => Spacing::AfterCompletion,
         };
-        Ok(Schedule {
-            min_interval,
-            max_interval,
-            limiter,
-            after_completion: pacing == Pacing::AfterCompletion,
-            last_run: None,
-            deadline: instant_after(now, max_interval),
-        })
+        Ok(Schedule { min_interval, max_interval, spacing, last_run: None, deadline: instant_after(now, max_interval) })
     }
 
     /// When the timer next fires.
@@ -135,20 +136,21 @@ impl Schedule {
     /// A run was requested (or the timer fired) at `now`. `true`: run now, then call
     /// [`Schedule::ran`]. `false`: the timer was re-armed for when a run will be allowed.
     pub(crate) fn try_run(&mut self, now: Instant) -> bool {
-        if self.after_completion {
-            let Some(finished) = self.last_run else {
-                return true;
-            };
-            let allowed = instant_after(finished, self.min_interval);
-            if now >= allowed {
-                return true;
+        let limiter = match &mut self.spacing {
+            Spacing::Free => return true,
+            Spacing::Bucket(limiter) => limiter,
+            Spacing::AfterCompletion => {
+                let Some(finished) = self.last_run else {
+                    return true;
+                };
+                let allowed = instant_after(finished, self.min_interval);
+                if now >= allowed {
+                    return true;
+                }
+                self.deadline = self.deadline.min(allowed);
+                tracing::trace!(wait = ?allowed.saturating_duration_since(now), "run deferred until min interval after the last");
+                return false;
             }
-            self.deadline = self.deadline.min(allowed);
-            tracing::trace!(wait = ?allowed.saturating_duration_since(now), "run deferred until min interval after the last");
-            return false;
-        }
-        let Some(limiter) = self.limiter.as_mut() else {
-            return true;
         };
         if limiter.try_accept(now) {
             return true;
