@@ -87,8 +87,8 @@ fn usage_error(e: &clap::Error) -> ExitCode {
 /// The daemon's command line: resolve the configuration (always, as upstream validates before
 /// doing anything), then `--write-config-to`, `--cleanup`, or the daemon.
 fn daemon(args: &DaemonArgs) -> ExitCode {
-    let cfg = match options::effective_config(args) {
-        Ok(cfg) => cfg,
+    let (cfg, lenient) = match options::effective_config_reporting(args) {
+        Ok(resolved) => resolved,
         Err(e) => {
             for line in e.to_string().lines() {
                 eprintln!("kube-proxy-rs: {line}");
@@ -97,6 +97,9 @@ fn daemon(args: &DaemonArgs) -> ExitCode {
         }
     };
     init_logging(Some(&cfg.logging));
+    if let Some(lenient) = &lenient {
+        lenient.log();
+    }
     let ignored = options::ignored_flags(args);
     if !ignored.is_empty() {
         let flags: Vec<String> = ignored.iter().map(|f| format!("--{f}")).collect();

@@ -106,11 +106,11 @@ fn write_config_to_round_trips_through_config() {
         assert!(out.status.success(), "set {i}: {}", stderr(&out));
         let rewritten = std::fs::read_to_string(&second).expect("rewritten");
         assert_eq!(written, rewritten, "set {i}");
-        let parsed = config::load_config_file(&first).expect("parses");
+        let parsed = config::load_config_file(&first).expect("parses").into_strict().expect("strict");
         assert_eq!(parsed.clone().with_defaults(), parsed, "set {i}: the file is complete");
         assert_eq!(parsed.validate(), Ok(()), "set {i}");
     }
-    let parsed = config::load_config_file(&first).expect("parses");
+    let parsed = config::load_config_file(&first).expect("parses").into_strict().expect("strict");
     assert_eq!(parsed.node_port_addresses, Some(vec!["primary".to_string()]));
 }
 
@@ -126,7 +126,7 @@ fn write_config_to_writes_the_flags() {
         &arg("--write-config-to", &out_path),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let cfg = config::load_config_file(&out_path).expect("parses");
+    let cfg = config::load_config_file(&out_path).expect("parses").into_strict().expect("strict");
     assert!(cfg.iptables.masquerade_all);
     assert_eq!(cfg.cluster_cidr, "10.0.0.0/8");
     assert_eq!(cfg.hostname_override, "node-b", "trimmed and lower-cased like upstream");
@@ -229,11 +229,28 @@ fn invalid_config_file_fields_name_the_file_and_field() {
     assert!(lines.iter().any(|l| l.contains("clusterCIDR: Invalid value")), "{lines:#?}");
 
     // Decode errors name the file, the line and the field.
-    let unknown = dir.file("unknown.yaml", &format!("{HEADER}iptables:\n  masqueradeBits: 3\n"));
-    let lines = config_error_lines(&[&arg("--config", &unknown)]);
+    let wrong_type = dir.file("wrong-type.yaml", &format!("{HEADER}iptables:\n  masqueradeBit: many\n"));
+    let lines = config_error_lines(&[&arg("--config", &wrong_type)]);
     assert_eq!(lines.len(), 1, "{lines:#?}");
-    assert!(lines[0].contains(&format!("{}:4:", unknown.display())), "{lines:#?}");
-    assert!(lines[0].contains("unknown field `masqueradeBits`"), "{lines:#?}");
+    assert!(lines[0].contains(&format!("{}:4:", wrong_type.display())), "{lines:#?}");
+    assert!(lines[0].contains("iptables.masqueradeBit: invalid type"), "{lines:#?}");
+
+    // An unknown field is not fatal (upstream decodes leniently): a warning names the file
+    // and the field, and the configuration is used (here written out).
+    let unknown = dir.file("unknown.yaml", &format!("{HEADER}iptables:\n  masqueradeBits: 3\n  syncPeriod: 7s\n"));
+    let written = dir.path("written.yaml");
+    let out = run(&[&arg("--config", &unknown), &arg("--write-config-to", &written)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let cfg = config::load_config_file(&written).expect("parses").into_strict().expect("strict");
+    assert_eq!(cfg.iptables.sync_period.to_string(), "7s");
+    let err = stderr(&out);
+    let warning = err
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("Using lenient decoding as strict decoding failed"))
+        .unwrap_or_else(|| panic!("no lenient-decoding warning:\n{err}"));
+    assert!(warning.contains(&unknown.display().to_string()), "{warning}");
+    assert!(warning.contains(r#"unknown field "iptables.masqueradeBits""#), "{warning}");
+    assert!(!err.contains("invalid configuration"), "{err}");
 
     let missing = dir.path("missing.yaml");
     let lines = config_error_lines(&[&arg("--config", &missing)]);
@@ -290,7 +307,7 @@ fn config_file_takes_precedence_over_config_flags() {
         assert!(warning.contains(flag), "the ignored {flag} is named in a warning: {err}");
     }
     assert!(!warning.contains("--hostname-override") && !warning.contains("--v"), "{warning}");
-    let cfg = config::load_config_file(&out_path).expect("parses");
+    let cfg = config::load_config_file(&out_path).expect("parses").into_strict().expect("strict");
     assert_eq!(cfg.cluster_cidr, "10.0.0.0/8");
     assert!(!cfg.iptables.masquerade_all);
     assert_eq!(cfg.iptables.masquerade_bit, Some(3));
@@ -418,7 +435,7 @@ fn typical_upstream_command_lines_are_accepted() {
         let out = run(&args);
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
     }
-    let cfg = config::load_config_file(&out_path).expect("parses");
+    let cfg = config::load_config_file(&out_path).expect("parses").into_strict().expect("strict");
     assert_eq!(cfg.metrics_bind_address, "127.0.0.1:10249", "--metrics-port is ignored with --write-config-to");
     assert_eq!(cfg.port_range, "30000-32767");
     assert_eq!(cfg.ipvs.exclude_cidrs, Some(vec!["10.0.0.0/8".to_string()]));

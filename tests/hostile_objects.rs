@@ -427,7 +427,7 @@ fn kernel_output_and_configuration_parsers_never_panic() {
             let path = std::path::Path::new("config.yaml");
             match kube_proxy_rs::config::parse_config(&text, path) {
                 Ok(cfg) => {
-                    if let Err(errors) = kube_proxy_rs::config::Settings::from_config(&cfg) {
+                    if let Err(errors) = kube_proxy_rs::config::Settings::from_config(&cfg.config) {
                         prop_assert!(!errors.is_empty());
                         let all: String = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
                         // Validation names the field it rejects (nested fields by their path).

@@ -237,11 +237,41 @@ pub fn ignored_flags(a: &DaemonArgs) -> Vec<&'static str> {
 /// Builds the effective configuration from the command line (reading `--config` when given)
 /// with upstream's precedence, defaults and validation; see the module docs.
 pub fn effective_config(args: &DaemonArgs) -> Result<KubeProxyConfiguration, CliError> {
-    let file = match &args.config {
-        Some(path) => Some((path.as_path(), config::load_config_file(path)?)),
-        None => None,
+    effective_config_reporting(args).map(|(cfg, _)| cfg)
+}
+
+/// The `--config` file was decoded leniently: strict decoding failed on unknown or duplicated
+/// fields, which upstream logs and gets past (see [`config::DecodedConfig`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LenientDecoding {
+    pub path: PathBuf,
+    /// `strict decoding error: unknown field "foo", ...`
+    pub error: String,
+}
+
+impl LenientDecoding {
+    /// Logs it as upstream does (a warning naming the file and the fields).
+    pub fn log(&self) {
+        tracing::warn!(
+            path = %self.path.display(),
+            err = %self.error,
+            "Using lenient decoding as strict decoding failed"
+        );
+    }
+}
+
+/// [`effective_config`], also saying whether the file was decoded leniently (to be logged once
+/// logging is set up from the configuration).
+pub fn effective_config_reporting(
+    args: &DaemonArgs,
+) -> Result<(KubeProxyConfiguration, Option<LenientDecoding>), CliError> {
+    let Some(path) = &args.config else {
+        return resolve(args, None).map(|cfg| (cfg, None));
     };
-    resolve(args, file)
+    let decoded = config::load_config_file(path)?;
+    let lenient =
+        decoded.is_lenient().then(|| LenientDecoding { path: path.clone(), error: decoded.strict_error_text() });
+    resolve(args, Some((path.as_path(), decoded.config))).map(|cfg| (cfg, lenient))
 }
 
 /// [`effective_config`] with the config file already decoded (not yet defaulted).
@@ -442,7 +472,7 @@ fn round_trip_changes(cfg: &KubeProxyConfiguration, yaml: &str) -> Vec<String> {
     let Ok(reread) = config::parse_config(yaml, Path::new("--write-config-to")) else {
         return vec!["<whole file>".to_string()];
     };
-    let reread = reread.with_defaults();
+    let reread = reread.config.with_defaults();
     if &reread == cfg {
         return Vec::new();
     }
@@ -490,7 +520,7 @@ mod tests {
 
     fn file(text: &str) -> Option<(&'static Path, KubeProxyConfiguration)> {
         let path = Path::new("/etc/kp/config.yaml");
-        Some((path, config::parse_config(&format!("{HEADER}{text}"), path).expect("config parses")))
+        Some((path, config::parse_config(&format!("{HEADER}{text}"), path).expect("config parses").config))
     }
 
     fn errors(result: Result<KubeProxyConfiguration, CliError>) -> Vec<LocatedFieldError> {
@@ -804,7 +834,8 @@ mod tests {
         let path = dir.join("out.yaml");
         let cfg = resolve(&args(&["--masquerade-all", "--cluster-cidr=10.0.0.0/8"]), None).unwrap();
         assert_eq!(write_config(&cfg, &path).unwrap(), Vec::<String>::new());
-        let again = resolve(&args(&["--config=x"]), Some((&path, config::load_config_file(&path).unwrap()))).unwrap();
+        let again =
+            resolve(&args(&["--config=x"]), Some((&path, config::load_config_file(&path).unwrap().config))).unwrap();
         assert_eq!(again, cfg);
 
         let cfg =

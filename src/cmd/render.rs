@@ -62,7 +62,7 @@ fn random_fully_supported(version: &str) -> Result<bool, RenderCmdError> {
 pub(crate) fn load_settings(options: &RenderOptions) -> Result<Settings, RenderCmdError> {
     let path = options.config.as_deref();
     let mut raw = match path {
-        Some(p) => config::load_config_file(p)?,
+        Some(p) => config::load_config_file(p)?.into_config_logged(p),
         None => config::KubeProxyConfiguration::default(),
     };
     if let Some(version) = &options.compatibility_version {

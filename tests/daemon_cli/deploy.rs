@@ -330,7 +330,10 @@ fn daemon_set_command_and_config_map_give_a_valid_configuration() {
     let key = config_path.file_name().and_then(|n| n.to_str()).expect("file name");
     let text = data.get(key).unwrap_or_else(|| panic!("ConfigMap has no {key}"));
 
-    let raw = config::parse_config(text, Path::new("config.conf")).expect("config.conf parses");
+    let raw = config::parse_config(text, Path::new("config.conf"))
+        .expect("config.conf parses")
+        .into_strict()
+        .expect("config.conf decodes strictly");
     assert_eq!(raw.mode, "iptables");
     assert_eq!(raw.clone().with_defaults().validate(), Ok(()));
     let cfg = options::resolve(&args, Some((&config_path, raw))).expect("effective configuration is valid");
