@@ -20,7 +20,7 @@
 //! |---|---|---|
 //! | 0 | [`exec`], [`compat`], [`time`] | leaves: starting processes, the emulated upstream release, deadline arithmetic |
 //! | 1 | [`model`] | names, addresses, service ports, endpoints, chain names; pure data |
-//! | 2 | [`tracker`], [`iptables`], [`config`] | change tracking; rules to the kernel; the configuration and its file |
+//! | 2 | [`tracker`], [`iptables`], [`nftables`], [`config`] | change tracking; rules to the kernel (iptables mode, nftables mode); the configuration and its file |
 //! | 3 | [`node`] | the node's other side effects: sysctls, conntrack, nfacct, OOM score, open-file limit, capabilities |
 //! | 4 | [`proxier`] | render and sync (upstream `syncProxyRules`), `--cleanup` |
 //! | 5 | [`metrics`], [`trace`], [`manifest`], [`synthetic`] | the metric registry; the packet tracer; YAML manifests; synthetic clusters |
@@ -44,6 +44,7 @@ pub mod k8s;
 pub mod manifest;
 pub mod metrics;
 pub mod model;
+pub mod nftables;
 pub mod node;
 pub mod proxier;
 pub mod serve;

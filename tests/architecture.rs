@@ -16,7 +16,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["exec", "compat", "time"],
     &["model"],
-    &["tracker", "iptables", "config"],
+    &["tracker", "iptables", "nftables", "config"],
     &["node"],
     &["proxier"],
     &["metrics", "trace", "manifest", "synthetic"],

@@ -1,0 +1,106 @@
+//! The nftables layer: kube-proxy's `kube-proxy` table in the `ip` and `ip6` families, the
+//! transactions that change it (in the text `nft -f` reads, which is also what upstream's
+//! knftables writes), and the kernel writer behind the [`Nftables`] trait.
+//!
+//! Nothing outside this module knows how `nft` is invoked. The nftables proxier
+//! (`proxier::nftables`) builds [`Transaction`]s; the writer applies them atomically.
+
+pub mod transaction;
+
+use std::fmt;
+
+use crate::model::IpFamily;
+
+pub use transaction::{BaseChain, Chain, ChainType, Element, Hook, Operation, Rule, Set, SetKind, Transaction};
+
+/// The one table kube-proxy owns in each family.
+pub const TABLE: &str = "kube-proxy";
+
+/// The comment upstream gives the table.
+pub const TABLE_COMMENT: &str = "rules for kube-proxy";
+
+/// An nftables address family kube-proxy uses: `ip` (IPv4) or `ip6` (IPv6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    Ip,
+    Ip6,
+}
+
+impl Family {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+        }
+    }
+
+    /// The address selector in rules: `ip` or `ip6` (`ip daddr`, `ip6 saddr`).
+    pub fn addr_selector(self) -> &'static str {
+        self.as_str()
+    }
+
+    /// The element type of an address: `ipv4_addr` or `ipv6_addr`.
+    pub fn addr_type(self) -> &'static str {
+        match self {
+            Family::Ip => "ipv4_addr",
+            Family::Ip6 => "ipv6_addr",
+        }
+    }
+
+    pub fn ip_family(self) -> IpFamily {
+        match self {
+            Family::Ip => IpFamily::V4,
+            Family::Ip6 => IpFamily::V6,
+        }
+    }
+}
+
+impl From<IpFamily> for Family {
+    fn from(family: IpFamily) -> Family {
+        match family {
+            IpFamily::V4 => Family::Ip,
+            IpFamily::V6 => Family::Ip6,
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Go's `%q` for the strings kube-proxy writes (comments): double quotes, with `"` and `\`
+/// escaped and control characters as Go writes them. Object names never need quoting.
+pub fn go_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_quote_escapes_like_go() {
+        assert_eq!(go_quote("ns1/svc1:p80"), "\"ns1/svc1:p80\"");
+        assert_eq!(go_quote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\x01\"");
+    }
+}
