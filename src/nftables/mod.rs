@@ -5,12 +5,14 @@
 //! Nothing outside this module knows how `nft` is invoked. The nftables proxier
 //! (`proxier::nftables`) builds [`Transaction`]s; the writer applies them atomically.
 
+pub mod table;
 pub mod transaction;
 
 use std::fmt;
 
 use crate::model::IpFamily;
 
+pub use table::{ApplyError, ApplyErrorReason, TableState, sort_dump};
 pub use transaction::{BaseChain, Chain, ChainType, Element, Hook, Operation, Rule, Set, SetKind, Transaction};
 
 /// The one table kube-proxy owns in each family.

@@ -148,10 +148,20 @@ pub enum Operation {
     DeleteChain(String),
     AddRule(Rule),
     AddSet(Set),
-    FlushSet { kind: SetKind, name: String },
-    DeleteSet { kind: SetKind, name: String },
+    FlushSet {
+        kind: SetKind,
+        name: String,
+    },
+    DeleteSet {
+        kind: SetKind,
+        name: String,
+    },
     AddElement(Element),
-    DeleteElement { kind: SetKind, set: String, key: Vec<String> },
+    DeleteElement {
+        kind: SetKind,
+        set: String,
+        key: Vec<String>,
+    },
     AddCounter(String),
     DeleteCounter(String),
 }
