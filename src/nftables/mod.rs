@@ -5,6 +5,8 @@
 //! Nothing outside this module knows how `nft` is invoked. The nftables proxier
 //! (`proxier::nftables`) builds [`Transaction`]s; the writer applies them atomically.
 
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
 pub mod table;
 pub mod transaction;
 
@@ -69,6 +71,41 @@ impl From<IpFamily> for Family {
 impl fmt::Display for Family {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Why talking to nftables failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    /// The kernel (or `nft`) refused a transaction; nothing of it was applied.
+    #[error("nftables transaction failed for family {family}: {message}")]
+    Rejected { family: Family, message: String },
+    /// The table could not be read.
+    #[error("failed to list table {family} kube-proxy: {message}")]
+    List { family: Family, message: String },
+    /// `nft` could not be run at all, or is unusable (missing, too old, no permission).
+    #[error("nft is not usable for family {family}: {message}")]
+    Unavailable { family: Family, message: String },
+}
+
+/// One family's `kube-proxy` table in the kernel (upstream's `knftables.Interface`, reduced
+/// to what kube-proxy uses). Implementations: the `nft` runner, and `fake::FakeNftables`.
+pub trait Nftables: Send + Sync {
+    fn family(&self) -> Family;
+
+    /// Applies `tx` atomically (all of it or nothing).
+    fn run(&self, tx: &Transaction) -> Result<(), NftError>;
+
+    /// Checks `tx` without applying it (`nft --check`).
+    fn check(&self, tx: &Transaction) -> Result<(), NftError>;
+
+    /// Reads the whole table; `None` when it does not exist.
+    fn list_table(&self) -> Result<Option<TableState>, NftError>;
+
+    /// Whether the kernel keeps comments on tables, chains, sets and maps (knftables leaves
+    /// them out when it does not: `noObjectComments`).
+    fn object_comments(&self) -> bool {
+        true
     }
 }
 
