@@ -2,8 +2,9 @@
 # Builds the kube-proxy-rs container image without a container engine or a registry: a Debian
 # bookworm root filesystem from Debian packages (mmdebstrap: iptables with both the nft and
 # legacy backends, ip6tables, nftables' `nft`, conntrack, nfacct) plus the stripped release binary at
-# /usr/local/bin/kube-proxy-rs, written as an OCI image (umoci) in two layers: the Debian base
-# (shared between versions) and the binary.
+# /usr/local/bin/kube-proxy-rs (and as /usr/local/bin/kube-proxy, where upstream's image has it
+# and kubeadm's DaemonSet runs it), written as an OCI image (umoci) in two layers: the Debian
+# base (shared between versions) and the binary.
 #
 #   sudo bash scripts/image.sh          # then: podman load -i PATH   or   docker load -i PATH
 #
@@ -155,6 +156,10 @@ umoci repack --refresh-bundle --image "$work/oci:build" --history.created="$(iso
     --history.created_by="mmdebstrap --variant=essential bookworm: $packages" "$work/bundle" >&2
 
 install -D -m 0755 "$out/kube-proxy-rs" "$work/bundle/rootfs/usr/local/bin/kube-proxy-rs"
+# Where upstream's image has its binary and kubeadm's DaemonSet runs it from: the same program
+# (the name it is run by shows in its help, nothing else changes).
+ln -sf kube-proxy-rs "$work/bundle/rootfs/usr/local/bin/kube-proxy"
+touch -h -d "@$epoch" "$work/bundle/rootfs/usr/local/bin/kube-proxy"
 touch -d "@$epoch" "$work/bundle/rootfs/usr/local/bin/kube-proxy-rs"
 touch -d "@$base_epoch" "$work/bundle/rootfs/usr/local/bin"
 umoci repack --image "$work/oci:build" --history.created="$(iso "$epoch")" \
@@ -163,7 +168,7 @@ umoci repack --image "$work/oci:build" --history.created="$(iso "$epoch")" \
 created=$(iso "$epoch")
 meta=(
     "org.opencontainers.image.title=kube-proxy-rs"
-    "org.opencontainers.image.description=A drop-in replacement for Kubernetes kube-proxy in iptables mode"
+    "org.opencontainers.image.description=A drop-in replacement for Kubernetes kube-proxy"
     "org.opencontainers.image.version=$version"
     "org.opencontainers.image.revision=$commit"
     "org.opencontainers.image.created=$created"

@@ -27,10 +27,12 @@ impl Release {
     pub const V1_33: Release = Release { minor: 33 };
     pub(crate) const V1_34: Release = Release { minor: 34 };
     pub const V1_35: Release = Release { minor: 35 };
+    pub const V1_36: Release = Release { minor: 36 };
+    pub const V1_37: Release = Release { minor: 37 };
     /// The oldest release that can be selected.
     pub(crate) const OLDEST: Release = Release::V1_29;
     /// The newest release implemented, and the default.
-    pub const NEWEST: Release = Release::V1_35;
+    pub const NEWEST: Release = Release::V1_37;
 
     /// Every selectable release, oldest first.
     pub fn all() -> impl Iterator<Item = Release> {
@@ -109,7 +111,51 @@ impl Release {
     pub(crate) fn accepts_primary_node_port_addresses(self) -> bool {
         self >= Release::V1_31
     }
+
+    /// Whether `nodePortAddresses` also takes the keywords `localhost` and `all`, and
+    /// `primary` combined with CIDRs and keywords (PR #138427, 1.37).
+    pub(crate) fn accepts_node_port_address_keywords(self) -> bool {
+        self >= Release::V1_37
+    }
+
+    /// Whether a zero-prefix CIDR (`0.0.0.0/0`, `::/0`) in `loadBalancerSourceRanges` means
+    /// "allow all" for its family, as no source ranges do (PR #132722, `newBaseServiceInfo`):
+    /// no firewall chain. Merged in the 1.35 cycle as far as could be established (release
+    /// note NONE; docs/upstream-versions.md row 28). Traffic is the same either way.
+    pub(crate) fn zero_source_range_allows_all(self) -> bool {
+        self >= Release::V1_35
+    }
+
+    /// Whether, of two endpoints with the same address and port in a service's slices, a
+    /// later one replaces an earlier one unless it is terminating (PR #135593, 1.36: a pod IP
+    /// reused while the old Pod is still terminating). Before, the first one seen was kept
+    /// unless a later duplicate was local to this node.
+    pub(crate) fn prefers_non_terminating_duplicate_endpoints(self) -> bool {
+        self >= Release::V1_36
+    }
+
+    /// Whether the automatically computed `nf_conntrack_max` (maxPerCore × CPUs) is capped at
+    /// [`CONNTRACK_MAX_CAP`] (PR #137002, 1.36).
+    pub(crate) fn caps_computed_conntrack_max(self) -> bool {
+        self >= Release::V1_36
+    }
+
+    /// Whether the process exits (to be restarted) when its Node's IPs change or the Node is
+    /// deleted (PR #138183, 1.37); before, both were only logged.
+    pub(crate) fn exits_on_node_ip_change(self) -> bool {
+        self >= Release::V1_37
+    }
+
+    /// Whether an empty `mode` is warned about at start-up (PR #139957, 1.37): the default
+    /// on Linux is to move from iptables to nftables in a later release.
+    pub(crate) fn warns_about_empty_mode(self) -> bool {
+        self >= Release::V1_37
+    }
 }
+
+/// The cap on an automatically computed `nf_conntrack_max` from 1.36
+/// ([`Release::caps_computed_conntrack_max`]).
+pub(crate) const CONNTRACK_MAX_CAP: i64 = 1_048_576;
 
 /// How old the last full sync may get before a sync is full again, where the release has
 /// periodic full syncs ([`Release::has_periodic_full_sync`]; upstream's
@@ -179,6 +225,12 @@ pub(crate) enum Gate {
     ServiceTrafficDistribution,
     /// Node hints (`trafficDistribution: PreferSameNode`) are honoured.
     PreferSameTrafficDistribution,
+    /// `spec.externalIPs` are programmed at all (KEP-5707; deprecated from its first
+    /// release, 1.36, default on, planned off in 1.40).
+    AllowServiceExternalIps,
+    /// The IPVS proxy mode may be used (KEP-5495; deprecated from 1.37, default on). No
+    /// effect here (IPVS is not implemented); known so that clusters that set it start.
+    KubeProxyIpvs,
 }
 
 /// A gate's stage in one release: its default and whether it is locked to it.
@@ -193,11 +245,13 @@ const ON: Option<Stage> = Some(Stage { default: true, locked: false });
 const GA: Option<Stage> = Some(Stage { default: true, locked: true });
 
 impl Gate {
-    pub const ALL: [Gate; 4] = [
+    pub const ALL: [Gate; 6] = [
         Gate::LoadBalancerIpMode,
         Gate::TopologyAwareHints,
         Gate::ServiceTrafficDistribution,
         Gate::PreferSameTrafficDistribution,
+        Gate::AllowServiceExternalIps,
+        Gate::KubeProxyIpvs,
     ];
 
     /// The name `--feature-gates` uses.
@@ -207,6 +261,21 @@ impl Gate {
             Gate::TopologyAwareHints => "TopologyAwareHints",
             Gate::ServiceTrafficDistribution => "ServiceTrafficDistribution",
             Gate::PreferSameTrafficDistribution => "PreferSameTrafficDistribution",
+            Gate::AllowServiceExternalIps => "AllowServiceExternalIPs",
+            Gate::KubeProxyIpvs => "KubeProxyIPVS",
+        }
+    }
+
+    /// The gate's value in a release that does not have it: on once it was removed after
+    /// going GA, off before it existed (the deprecated gates have not been removed in any
+    /// selectable release, and were on before they existed: external IPs and IPVS simply
+    /// worked).
+    fn value_when_absent(self, release: Release) -> bool {
+        match self {
+            Gate::LoadBalancerIpMode => release.minor >= 35,
+            Gate::ServiceTrafficDistribution => release.minor >= 36,
+            Gate::TopologyAwareHints | Gate::PreferSameTrafficDistribution => false,
+            Gate::AllowServiceExternalIps | Gate::KubeProxyIpvs => true,
         }
     }
 
@@ -215,20 +284,24 @@ impl Gate {
     fn stage(self, release: Release) -> Option<Stage> {
         let minor = release.minor;
         match self {
+            // GA 1.32, removed in 1.35 (website gate page: stable 1.32–1.34, removed).
             Gate::LoadBalancerIpMode => match minor {
                 ..=29 => OFF,
                 30..=31 => ON,
-                _ => GA,
+                32..=34 => GA,
+                _ => None,
             },
             Gate::TopologyAwareHints => match minor {
                 ..=32 => ON,
                 _ => GA,
             },
+            // GA 1.33, "remove in 1.36".
             Gate::ServiceTrafficDistribution => match minor {
                 ..=29 => None,
                 30 => OFF,
                 31..=32 => ON,
-                _ => GA,
+                33..=35 => GA,
+                _ => None,
             },
             Gate::PreferSameTrafficDistribution => match minor {
                 ..=32 => None,
@@ -236,6 +309,24 @@ impl Gate {
                 34 => ON,
                 _ => GA,
             },
+            Gate::AllowServiceExternalIps => match minor {
+                ..=35 => None,
+                _ => ON,
+            },
+            Gate::KubeProxyIpvs => match minor {
+                ..=36 => None,
+                _ => ON,
+            },
+        }
+    }
+
+    /// Whether setting the gate deserves upstream's warning ("Setting deprecated feature
+    /// gate X=v. It will be removed in a future release."): deprecated gates, and GA ones.
+    fn deprecated_or_ga(self, release: Release) -> Option<&'static str> {
+        match self.stage(release)? {
+            Stage { locked: true, .. } => Some("GA"),
+            _ if matches!(self, Gate::AllowServiceExternalIps | Gate::KubeProxyIpvs) => Some("deprecated"),
+            _ => None,
         }
     }
 }
@@ -248,6 +339,8 @@ pub struct Features {
     pub topology_aware_hints: bool,
     pub service_traffic_distribution: bool,
     pub prefer_same_traffic_distribution: bool,
+    /// `spec.externalIPs` are programmed (`AllowServiceExternalIPs`, on unless turned off).
+    pub allow_service_external_ips: bool,
 }
 
 impl Default for Features {
@@ -259,13 +352,14 @@ impl Default for Features {
 impl Features {
     /// `release` with every gate at its default.
     pub fn of(release: Release) -> Features {
-        let default = |gate: Gate| gate.stage(release).is_some_and(|s| s.default);
+        let default = |gate: Gate| gate.stage(release).map_or(gate.value_when_absent(release), |s| s.default);
         Features {
             release,
             load_balancer_ip_mode: default(Gate::LoadBalancerIpMode),
             topology_aware_hints: default(Gate::TopologyAwareHints),
             service_traffic_distribution: default(Gate::ServiceTrafficDistribution),
             prefer_same_traffic_distribution: default(Gate::PreferSameTrafficDistribution),
+            allow_service_external_ips: default(Gate::AllowServiceExternalIps),
         }
     }
 
@@ -282,18 +376,41 @@ impl Features {
             if stage.locked && requested != stage.default {
                 return Err(CompatError::Locked { gate: gate.name(), release, locked: stage.default, requested });
             }
-            *features.gate_mut(gate) = requested;
+            if let Some(value) = features.gate_mut(gate) {
+                *value = requested;
+            }
         }
         Ok(features)
     }
 
-    fn gate_mut(&mut self, gate: Gate) -> &mut bool {
-        match gate {
+    /// Where a gate's value is kept; `None` for a gate with no behaviour here (accepted and
+    /// not kept).
+    fn gate_mut(&mut self, gate: Gate) -> Option<&mut bool> {
+        Some(match gate {
             Gate::LoadBalancerIpMode => &mut self.load_balancer_ip_mode,
             Gate::TopologyAwareHints => &mut self.topology_aware_hints,
             Gate::ServiceTrafficDistribution => &mut self.service_traffic_distribution,
             Gate::PreferSameTrafficDistribution => &mut self.prefer_same_traffic_distribution,
-        }
+            Gate::AllowServiceExternalIps => &mut self.allow_service_external_ips,
+            Gate::KubeProxyIpvs => return None,
+        })
+    }
+
+    /// Upstream's warnings for the gates in `gates` that are deprecated or GA in `release`
+    /// ("Setting deprecated feature gate AllowServiceExternalIPs=false. It will be removed in
+    /// a future release."), to be logged at start-up.
+    pub fn gate_warnings(release: Release, gates: &BTreeMap<String, bool>) -> Vec<String> {
+        Gate::ALL
+            .iter()
+            .filter_map(|gate| {
+                let value = gates.get(gate.name())?;
+                let stage = gate.deprecated_or_ga(release)?;
+                Some(format!(
+                    "Setting {stage} feature gate {}={value}. It will be removed in a future release.",
+                    gate.name()
+                ))
+            })
+            .collect()
     }
 }
 
@@ -313,37 +430,43 @@ mod tests {
         for bad in ["", "1", "2.31", "1.", "1.x", "1.31.", "1.31.2.1", "1.31-rc", "one.two"] {
             assert!(matches!(bad.parse::<Release>(), Err(CompatError::Malformed { .. })), "{bad:?}");
         }
-        for unsupported in ["1.28", "1.36", "1.999"] {
+        for unsupported in ["1.28", "1.38", "1.999"] {
             let err = unsupported.parse::<Release>().unwrap_err();
             assert!(matches!(err, CompatError::Unsupported { .. }), "{unsupported:?}");
-            assert!(err.to_string().contains("1.29 to 1.35"), "{err}");
+            assert!(err.to_string().contains("1.29 to 1.37"), "{err}");
         }
-        assert_eq!(Release::all().count(), 7);
+        assert_eq!("1.36.1".parse(), Ok(Release::V1_36));
+        assert_eq!("v1.37.0".parse(), Ok(Release::V1_37));
+        assert_eq!(Release::all().count(), 9);
         assert_eq!(Release::V1_33.to_string(), "1.33");
     }
 
     #[test]
     fn defaults_follow_upstream_gate_stages() {
-        // (release, ipMode, topology hints, trafficDistribution, preferSameNode)
+        // (release, ipMode, topology hints, trafficDistribution, preferSameNode, externalIPs);
+        // a removed gate keeps its final value (ipMode from 1.35, trafficDistribution from 1.36).
         let table = [
-            (Release::V1_29, false, true, false, false),
-            (Release::V1_30, true, true, false, false),
-            (Release::V1_31, true, true, true, false),
-            (Release::V1_32, true, true, true, false),
-            (Release::V1_33, true, true, true, false),
-            (Release::V1_34, true, true, true, true),
-            (Release::V1_35, true, true, true, true),
+            (Release::V1_29, false, true, false, false, true),
+            (Release::V1_30, true, true, false, false, true),
+            (Release::V1_31, true, true, true, false, true),
+            (Release::V1_32, true, true, true, false, true),
+            (Release::V1_33, true, true, true, false, true),
+            (Release::V1_34, true, true, true, true, true),
+            (Release::V1_35, true, true, true, true, true),
+            (Release::V1_36, true, true, true, true, true),
+            (Release::V1_37, true, true, true, true, true),
         ];
-        for (release, ip_mode, hints, distribution, same_node) in table {
+        for (release, ip_mode, hints, distribution, same_node, external_ips) in table {
             let f = Features::of(release);
             assert_eq!(
                 (
                     f.load_balancer_ip_mode,
                     f.topology_aware_hints,
                     f.service_traffic_distribution,
-                    f.prefer_same_traffic_distribution
+                    f.prefer_same_traffic_distribution,
+                    f.allow_service_external_ips,
                 ),
-                (ip_mode, hints, distribution, same_node),
+                (ip_mode, hints, distribution, same_node, external_ips),
                 "{release}"
             );
         }
@@ -368,6 +491,36 @@ mod tests {
         assert!(err.to_string().contains("locked to true in Kubernetes 1.32"), "{err}");
         let err = Features::resolve(Release::V1_29, &gates(&[("ServiceTrafficDistribution", true)])).unwrap_err();
         assert_eq!(err, CompatError::UnknownInRelease { gate: "ServiceTrafficDistribution", release: Release::V1_29 });
+    }
+
+    #[test]
+    fn removed_gates_cannot_be_set_and_new_ones_appear_in_their_release() {
+        // Removed: LoadBalancerIPMode in 1.35, ServiceTrafficDistribution in 1.36.
+        let err = Features::resolve(Release::V1_35, &gates(&[("LoadBalancerIPMode", true)])).unwrap_err();
+        assert_eq!(err, CompatError::UnknownInRelease { gate: "LoadBalancerIPMode", release: Release::V1_35 });
+        assert!(Features::resolve(Release::V1_34, &gates(&[("LoadBalancerIPMode", true)])).is_ok());
+        let err = Features::resolve(Release::V1_36, &gates(&[("ServiceTrafficDistribution", true)])).unwrap_err();
+        assert_eq!(err, CompatError::UnknownInRelease { gate: "ServiceTrafficDistribution", release: Release::V1_36 });
+        // AllowServiceExternalIPs from 1.36 (deprecated, may be turned off); KubeProxyIPVS from 1.37.
+        let err = Features::resolve(Release::V1_35, &gates(&[("AllowServiceExternalIPs", false)])).unwrap_err();
+        assert!(matches!(err, CompatError::UnknownInRelease { .. }));
+        let f = Features::resolve(Release::V1_36, &gates(&[("AllowServiceExternalIPs", false)])).unwrap();
+        assert!(!f.allow_service_external_ips);
+        assert!(Features::resolve(Release::V1_36, &gates(&[("KubeProxyIPVS", true)])).is_err());
+        let f = Features::resolve(Release::V1_37, &gates(&[("KubeProxyIPVS", false)])).unwrap();
+        assert_eq!(f, Features::of(Release::V1_37), "KubeProxyIPVS changes nothing here");
+        // Upstream warns about setting deprecated and GA gates.
+        assert_eq!(
+            Features::gate_warnings(
+                Release::V1_37,
+                &gates(&[("AllowServiceExternalIPs", false), ("TopologyAwareHints", true), ("Other", true)])
+            ),
+            [
+                "Setting GA feature gate TopologyAwareHints=true. It will be removed in a future release.",
+                "Setting deprecated feature gate AllowServiceExternalIPs=false. It will be removed in a future release.",
+            ]
+        );
+        assert!(Features::gate_warnings(Release::V1_31, &gates(&[("LoadBalancerIPMode", true)])).is_empty());
     }
 
     #[test]

@@ -7,7 +7,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use clap::error::{ContextKind, ErrorKind};
 use kube_proxy_rs::cmd::cli::{Cli, Command, DaemonArgs};
 use kube_proxy_rs::cmd::options;
@@ -15,7 +14,7 @@ use kube_proxy_rs::config::{KubeProxyConfiguration, LoggingConfig};
 use kube_proxy_rs::daemon::app::Stopped;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse_args() {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
@@ -60,6 +59,22 @@ fn main() -> ExitCode {
         }
         None => daemon(&cli.daemon),
     }
+}
+
+/// The command line, with the help naming the program as it was run: `kube-proxy` from
+/// upstream's path in our image (kubeadm's DaemonSet runs `/usr/local/bin/kube-proxy`), else
+/// `kube-proxy-rs`. The name changes nothing else.
+fn parse_args() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let invoked = std::env::args_os()
+        .next()
+        .and_then(|arg0| std::path::Path::new(&arg0).file_name().map(|n| n.to_string_lossy().into_owned()));
+    let mut command = Cli::command();
+    if invoked.as_deref() == Some("kube-proxy") {
+        command = command.bin_name("kube-proxy");
+    }
+    let matches = command.try_get_matches()?;
+    Cli::from_arg_matches(&matches)
 }
 
 /// Prints a flag parsing error as one line (help and version go through clap as usual).

@@ -87,7 +87,7 @@ fn write_config_to_round_trips_through_config() {
             "--vmodule=proxier*=4",
             "--logging-format=json",
         ],
-        &["--proxy-mode=iptables", "--nodeport-addresses=primary", "--show-hidden-metrics-for-version=1.34"],
+        &["--proxy-mode=iptables", "--nodeport-addresses=primary", "--show-hidden-metrics-for-version=1.36"],
     ];
     for (i, flags) in flag_sets.iter().enumerate() {
         let mut args: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
@@ -316,15 +316,44 @@ fn config_file_takes_precedence_over_config_flags() {
     assert_eq!(cfg.logging.verbosity, 3, "logging flags beat the file");
 }
 
+/// A kubeconfig (or its token file or CA) that cannot be read is an error naming it, logged
+/// and retried (the kubelet may not have projected the files yet), never a silent crash loop;
+/// SIGTERM still stops the process at once.
 #[test]
 fn daemon_without_a_cluster_fails_clearly_after_validating() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-proxy-rs"))
         .args(["--masquerade-all", "--kubeconfig", "/nonexistent/kubeconfig"])
-        .output()
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("failed to create the Kubernetes client"), "{}", stderr(&out));
-    assert!(stderr(&out).contains("/nonexistent/kubeconfig"), "{}", stderr(&out));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr_pipe = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr_pipe).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut errors = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while errors.len() < 2 && std::time::Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(std::time::Duration::from_millis(200))
+            && line.contains("ERROR")
+        {
+            errors.push(line);
+        }
+    }
+    let still_running = child.try_wait().expect("wait").is_none();
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().expect("wait");
+    assert_eq!(errors.len(), 2, "an error per attempt, and a retry: {errors:#?}");
+    for line in &errors {
+        assert!(line.contains("failed to create the Kubernetes client"), "{line}");
+        assert!(line.contains("/nonexistent/kubeconfig") && line.contains("retry"), "{line}");
+    }
+    assert!(still_running, "retrying, not exiting");
+    assert_eq!(status.code(), Some(0), "SIGTERM ends the retries");
     // The configuration is checked first, as upstream does before anything else.
     assert_eq!(run(&["--iptables-masquerade-bit=40"]).status.code(), Some(1));
     assert_eq!(run(&["--cleanup", "--iptables-masquerade-bit=40"]).status.code(), Some(1));

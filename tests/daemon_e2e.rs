@@ -13,7 +13,8 @@ use kube_proxy_rs::tracker::testing::{node, slice, svc};
 
 use crate::require_root;
 use crate::support::e2e::{
-    API_IP, BIN, DaemonProcess, HEALTHZ_ADDR, NODE_IP, TempDir, daemon_args, enter_netns, nat, topology, topology_tls,
+    API_IP, BIN, DaemonProcess, HEALTHZ_ADDR, NODE_IP, TempDir, daemon_args, enter_netns, nat, test_certificates,
+    tls_acceptor, topology, topology_tls,
 };
 use crate::support::poll::{SLOW_POLL, eventually, poll_until};
 
@@ -267,59 +268,6 @@ async fn node_cidr_mode_waits_for_pod_cidrs_and_restarts_on_change() {
     let log = daemon.log_text();
     assert!(log.contains("podCIDRs changed") && log.contains("10.244.8.0/24"), "{log}");
     assert!(nat(&node_ns).contains("! -s 10.244.7.0/24 "), "rules stay");
-}
-
-/// Generates a test CA and a server certificate for `ip` with openssl into `dir`.
-fn test_certificates(dir: &std::path::Path, ip: &str) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    run(&[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca"]]
-        .concat());
-    run(&[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver"]].concat());
-    std::fs::write(
-        dir.join("ext.cnf"),
-        format!("subjectAltName=IP:{ip}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"),
-    )
-    .expect("ext.cnf");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "ext.cnf",
-    ]);
-}
-
-fn tls_acceptor(dir: &std::path::Path) -> tokio_rustls::TlsAcceptor {
-    use tokio_rustls::rustls;
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.crt"))
-        .expect("server.crt")
-        .collect::<Result<_, _>>()
-        .expect("certificate");
-    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server.key");
-    let config =
-        rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .expect("server certificate");
-    tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
 }
 
 /// Removes `/run/secrets` afterwards if the test created it (the secrets themselves live in

@@ -193,6 +193,8 @@ fn render(snapshot: &Snapshot) -> (String, String) {
             iptables_version: "1.8.9".into(),
             compatibility_version: None,
             feature_gates: vec![],
+            nfacct: None,
+            conntrack_tcp_be_liberal: None,
         },
         ip_family: IpFamilyArg::Ipv4,
         manifests: vec![],

@@ -20,7 +20,12 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::require_root;
-use crate::support::e2e::{BIN, DaemonProcess, NODE_IP, TempDir, daemon_args, kubeconfig_text, topology};
+use crate::support::cluster_net::{CLUSTER_CIDR, CPOD, Cluster, NODE_A, POD_A1, POD_B1, SERVE_PORT, sa, tcp_request};
+use crate::support::e2e::{
+    API_IP, BIN, DaemonProcess, NODE_IP, TempDir, daemon_args, kubeconfig_text, test_certificates, tls_acceptor,
+    topology,
+};
+use crate::support::kubeadm;
 use crate::support::netns::Netns;
 use crate::support::poll::{SLOW_POLL, poll_until};
 
@@ -361,4 +366,167 @@ async fn daemon_from_image(backend: &str) {
         .collect();
     assert!(ours.is_empty(), "left behind by --cleanup from the image:\n{}", ours.join("\n"));
     assert!(after.contains(":KUBE-KUBELET-CANARY"), "the kubelet's chain must stay:\n{after}");
+}
+
+/// `path` (absolute, as the image sees it) inside the unpacked `rootfs`, following the image's
+/// symlinks within it (Debian's `/var/run` is a link to `/run`; writing through it from outside
+/// would reach the host's `/run`).
+fn image_path(rootfs: &Path, path: &str) -> PathBuf {
+    let mut resolved = rootfs.to_path_buf();
+    let mut pending: Vec<String> = path.split('/').filter(|p| !p.is_empty()).rev().map(String::from).collect();
+    let mut links = 0;
+    while let Some(part) = pending.pop() {
+        let next = resolved.join(&part);
+        match std::fs::read_link(&next) {
+            Ok(target) => {
+                links += 1;
+                assert!(links < 40, "symlink loop under {}", rootfs.display());
+                let target = target.to_string_lossy().into_owned();
+                // An absolute target restarts at the image's root; a relative one is taken
+                // from the link's directory, which `resolved` still is.
+                if target.starts_with('/') {
+                    resolved = rootfs.to_path_buf();
+                }
+                pending.extend(target.split('/').filter(|p| !p.is_empty()).rev().map(String::from));
+            }
+            Err(_) => resolved = next,
+        }
+    }
+    assert!(resolved.starts_with(rootfs), "{path} resolves outside the image: {}", resolved.display());
+    resolved
+}
+
+fn write_in_image(rootfs: &Path, path: &str, text: &str) {
+    let file = image_path(rootfs, path);
+    std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir in image");
+    std::fs::write(&file, text).unwrap_or_else(|e| panic!("write {}: {e}", file.display()));
+}
+
+/// kubeadm's config.conf of each release from 1.35 to 1.37 is a valid configuration for us as
+/// it stands, decoded strictly (every field is one we know).
+#[test]
+fn kubeadm_config_files_of_1_35_to_1_37_load() {
+    for release in [35, 36, 37] {
+        let text = kubeadm::config_conf(release, CLUSTER_CIDR);
+        let decoded = kube_proxy_rs::config::parse_config(&text, Path::new("config.conf")).expect("decodes");
+        assert!(!decoded.is_lenient(), "1.{release}: {}", decoded.strict_error_text());
+        let settings = kube_proxy_rs::config::Settings::from_config(&decoded.config).expect("valid");
+        assert_eq!(settings.client.kubeconfig.as_deref(), Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf")));
+        assert_eq!(settings.cluster_cidrs.len(), 2, "1.{release}");
+        assert_eq!(settings.sync_period, Duration::from_secs(30), "zero values are defaulted");
+    }
+}
+
+/// `kubectl -n kube-system set image ds/kube-proxy kube-proxy=OUR_IMAGE` on kubeadm's
+/// DaemonSet: the image's root filesystem run exactly as that pod runs it — kubeadm's command
+/// line (`/usr/local/bin/kube-proxy --config=/var/lib/kube-proxy/config.conf
+/// --hostname-override=$(NODE_NAME)`), privileged, the ConfigMap's config.conf (kubeadm 1.37's,
+/// plus one field we do not know) and kubeconfig.conf, the service account's token file and CA,
+/// /run/xtables.lock — against the test API server over TLS with a bearer token. Traffic to a
+/// ClusterIP reaches the pods. Then the credentials go wrong: a wrong token is an error naming
+/// the kubeconfig, the server and the token file from the first request, retried; a missing
+/// token file is an error and a retry until it is back, and then the node is programmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeadm_daemonset_runs_with_only_the_image_changed() {
+    require_root!();
+    const TOKEN: &str = "kube-proxy-sa-token-7f3a";
+    let image = unpack(&image_archive(), "imgkubeadm");
+    let rootfs = image.rootfs();
+    let certs = TempDir::new("kubeadm-certs");
+    test_certificates(certs.path(), API_IP);
+    let c = Cluster::network_tls("kubeadm", tls_acceptor(certs.path())).await;
+    c.server.require_token(TOKEN);
+
+    // The ConfigMap (kubeadm 1.37's config.conf with a field from a newer kubeadm), the
+    // service account's files, and the xtables lock, where the pod has them.
+    let config = format!("{}futureKubeadmField: true\n", kubeadm::config_conf(37, CLUSTER_CIDR));
+    write_in_image(&rootfs, &format!("{}/config.conf", kubeadm::CONFIG_DIR), &config);
+    write_in_image(
+        &rootfs,
+        &format!("{}/kubeconfig.conf", kubeadm::CONFIG_DIR),
+        &kubeadm::kubeconfig_conf(&c.server.url()),
+    );
+    let ca = std::fs::read_to_string(certs.path().join("ca.crt")).expect("ca.crt");
+    write_in_image(&rootfs, &format!("{}/ca.crt", kubeadm::SERVICE_ACCOUNT_DIR), &ca);
+    write_in_image(&rootfs, &format!("{}/namespace", kubeadm::SERVICE_ACCOUNT_DIR), "kube-system");
+    let token_file = image_path(&rootfs, &format!("{}/token", kubeadm::SERVICE_ACCOUNT_DIR));
+    write_in_image(&rootfs, "/run/xtables.lock", "");
+    let rootfs_str = image.rootfs_str();
+    let start = |token: Option<&str>, run: &str| {
+        match token {
+            Some(token) => write_in_image(&rootfs, &format!("{}/token", kubeadm::SERVICE_ACCOUNT_DIR), token),
+            None => {
+                let _ = std::fs::remove_file(&token_file);
+            }
+        }
+        let argv = kubeadm::command(NODE_A);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let mut cmd = in_image(&c.node_a, &rootfs_str, &argv);
+        cmd.env("NODE_NAME", NODE_A).env_remove("RUST_LOG");
+        DaemonProcess::spawn(cmd, image.dir.path().join(format!("kubeadm-{run}.log")))
+    };
+
+    c.server.create(&svc("ns1", "web").cluster_ip("198.19.0.50").tcp("http", 80).build());
+    c.server.create(
+        &slice("ns1", "web", "web-1")
+            .tcp("http", i32::from(SERVE_PORT))
+            .endpoint(kube_proxy_rs::tracker::testing::ep(&c.pod(POD_A1).ip).node(NODE_A))
+            .endpoint(kube_proxy_rs::tracker::testing::ep(&c.pod(POD_B1).ip).node("node-b"))
+            .build(),
+    );
+    let mut daemon = start(Some(TOKEN), "good");
+    let cluster_ip = sa("198.19.0.50", 80);
+    let answered = poll_until(Duration::from_secs(30), SLOW_POLL, || {
+        tcp_request(&c.pod(CPOD).ns, cluster_ip, None)
+            .is_ok_and(|r| r.pod == c.pod(POD_A1).name || r.pod == c.pod(POD_B1).name)
+    });
+    if answered.await.is_none() {
+        panic!("the ClusterIP is not answered through kubeadm's pod spec:\n{}\n{}", c.nat(), daemon.log_text());
+    }
+    let log = daemon.log_text();
+    let lenient = log
+        .lines()
+        .find(|l| l.contains("Using lenient decoding as strict decoding failed"))
+        .unwrap_or_else(|| panic!("no warning for the unknown field:\n{log}"));
+    assert!(lenient.contains("WARN") && lenient.contains("futureKubeadmField"), "{lenient}");
+    assert!(c.server.requests().iter().all(|r| r.authorization.as_deref() == Some(&format!("Bearer {TOKEN}")[..])));
+    // Privileged as kubeadm runs it: any refused kernel setting says so, not "use --init-only".
+    assert!(!log.contains("--init-only"), "{log}");
+    daemon.signal("TERM");
+    assert!(daemon.wait_exit(Duration::from_secs(20)).await.success(), "{}", daemon.log_text());
+
+    // A wrong token: an error naming the kubeconfig, the server and the token file, at once,
+    // and retried (the process keeps running).
+    let t = std::time::Instant::now();
+    let mut daemon = start(Some("a-wrong-token"), "wrong");
+    let unauthorized = |log: &str| log.lines().filter(|l| l.contains("ERROR") && l.contains("401")).count();
+    let seen = poll_until(Duration::from_secs(30), SLOW_POLL, || unauthorized(&daemon.log_text()) >= 2).await;
+    let log = daemon.log_text();
+    assert!(seen.is_some(), "no repeated 401 errors:\n{log}");
+    let first = log.lines().find(|l| l.contains("ERROR") && l.contains("401")).expect("an error");
+    for part in
+        ["/var/lib/kube-proxy/kubeconfig.conf", &c.server.url(), "/var/run/secrets/kubernetes.io/serviceaccount/token"]
+    {
+        assert!(first.contains(part), "the error names {part}: {first}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(20), "the first 401 is an error at once: {:?}", t.elapsed());
+    assert!(daemon.child.as_mut().expect("running").try_wait().expect("wait").is_none(), "retrying, not exiting");
+    daemon.signal("TERM");
+    assert!(daemon.wait_exit(Duration::from_secs(20)).await.success(), "{}", daemon.log_text());
+
+    // No token file yet (the kubelet projects it): an error naming it, retried until it is
+    // there; then the node is programmed.
+    c.server.update(&svc("ns1", "web").cluster_ip("198.19.0.51").tcp("http", 80).build());
+    let daemon = start(None, "missing");
+    let missing = poll_until(Duration::from_secs(30), SLOW_POLL, || {
+        daemon.log_text().lines().filter(|l| l.contains("ERROR")).count() >= 2
+    })
+    .await;
+    let log = daemon.log_text();
+    assert!(missing.is_some(), "no repeated errors without a token file:\n{log}");
+    let error = log.lines().find(|l| l.contains("ERROR")).expect("an error");
+    assert!(error.contains("kubeconfig.conf") && error.contains("retry"), "{error}");
+    write_in_image(&rootfs, &format!("{}/token", kubeadm::SERVICE_ACCOUNT_DIR), TOKEN);
+    let moved = poll_until(Duration::from_secs(60), SLOW_POLL, || c.nat().contains("198.19.0.51/32")).await;
+    assert!(moved.is_some(), "programmed once the token file appeared:\n{}", daemon.log_text());
 }

@@ -219,9 +219,18 @@ fn invalid_config_exits_2_naming_the_field() {
         "unknown.yaml",
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nbogusField: 1\n",
     );
+    // A field we do not know is skipped with a warning naming it, as upstream's lenient
+    // decoding does; a value of the wrong type is still an error naming the field.
+    let out = render(&["--config", config.to_str().unwrap_or_default()], &[&cluster]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("Using lenient decoding") && stderr(&out).contains("bogusField"), "{}", stderr(&out));
+    let config = dir.file(
+        "wrong-type.yaml",
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  syncPeriod: [1]\n",
+    );
     let out = render(&["--config", config.to_str().unwrap_or_default()], &[&cluster]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("bogusField"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("iptables.syncPeriod"), "{}", stderr(&out));
 }
 
 #[test]
@@ -368,7 +377,8 @@ fn bad_compatibility_version_or_locked_gate_exits_2_naming_it() {
     let dir = Scratch::new("compat-bad");
     let cluster = dir.file("c.yaml", WEB);
     for (args, needle) in [
-        (vec!["--compatibility-version", "1.28"], "supported releases are 1.29 to 1.35"),
+        (vec!["--compatibility-version", "1.28"], "supported releases are 1.29 to 1.37"),
+        (vec!["--compatibility-version", "1.35", "--feature-gates", "LoadBalancerIPMode=true"], "does not exist"),
         (vec!["--compatibility-version", "2.0"], "compatibilityVersion"),
         (vec!["--compatibility-version", "1.33", "--feature-gates", "TopologyAwareHints=false"], "locked to true"),
         (

@@ -387,3 +387,43 @@ fn names_that_would_break_the_restore_input_are_skipped() {
     let restored = ns.run_with_stdin(&["iptables-nft-restore", "--noflush"], &payload);
     assert!(restored.success(), "payload rejected: {}\n{payload}", restored.combined());
 }
+
+/// `render --nfacct absent` writes the rules of a node without the accounting objects, which
+/// `iptables-restore --test` accepts on such a node; the default (`present`, as upstream's unit
+/// tests assume) names them and is rejected there until they exist. And the config's
+/// `conntrack.tcpBeLiberal` (or the node's sysctl, `--conntrack-tcp-be-liberal`) leaves the
+/// INVALID drop out, as the daemon does.
+#[test]
+fn render_says_what_node_it_renders_for() {
+    require_root!();
+    let example = std::fs::read_to_string("examples/cluster.yaml").expect("example");
+    let (absent, _) = render_manifest("nfacct-absent", &example, "ipv4", &["--nfacct", "absent"]);
+    let (present, _) = render_manifest("nfacct-present", &example, "ipv4", &[]);
+    assert!(!absent.contains("-m nfacct") && present.contains("-m nfacct"), "{absent}\n{present}");
+    for backend in ["nft", "legacy"] {
+        let ns = Netns::create(&format!("nfacct-{backend}"));
+        let test = |payload: &str| ns.run_with_stdin(&[&format!("iptables-{backend}-restore"), "--test"], payload);
+        let out = test(&absent);
+        assert!(out.success(), "{backend}: --nfacct absent rejected on a node without nfacct: {}", out.combined());
+        assert!(!test(&present).success(), "{backend}: the default names objects this node does not have");
+        crate::support::e2e::create_nfacct_objects(&ns);
+        assert!(test(&present).success(), "{backend}: accepted once the objects exist");
+    }
+
+    const INVALID_DROP: &str = "--ctstate INVALID";
+    assert!(present.contains(INVALID_DROP), "{present}");
+    let (liberal_flag, _) = render_manifest("liberal-flag", &example, "ipv4", &["--conntrack-tcp-be-liberal"]);
+    assert!(!liberal_flag.contains(INVALID_DROP), "{liberal_flag}");
+    let dir = std::env::temp_dir().join(format!("kpr-liberal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nconntrack:\n  tcpBeLiberal: true\n",
+    )
+    .expect("write");
+    let (liberal_config, _) =
+        render_manifest("liberal-config", &example, "ipv4", &["--config", &config.display().to_string()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!liberal_config.contains(INVALID_DROP), "{liberal_config}");
+}

@@ -127,7 +127,7 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "KEY=BOOL,...", value_parser = feature_gates_flag, action = ArgAction::Append,
           allow_hyphen_values = true, help_heading = "Node and servers")]
     pub feature_gates: Vec<FeatureGatesArg>,
-    /// The upstream kube-proxy release to behave as (1.29 to 1.35; default: the newest),
+    /// The upstream kube-proxy release to behave as (1.29 to 1.37; default: the newest),
     /// with that release's feature-gate defaults. A kube-proxy-rs extension.
     #[arg(long, value_name = "1.MINOR", help_heading = "Node and servers")]
     pub compatibility_version: Option<String>,
@@ -316,13 +316,30 @@ pub struct RenderOptions {
     /// The iptables version to assume (`--random-fully` from 1.6.2 on).
     #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
     pub iptables_version: String,
-    /// The upstream kube-proxy release to render as (1.29 to 1.35; default: the config's
+    /// The upstream kube-proxy release to render as (1.29 to 1.37; default: the config's
     /// compatibilityVersion, else the newest).
     #[arg(long, value_name = "1.MINOR")]
     pub compatibility_version: Option<String>,
     /// Feature gates, as the daemon takes them (applied over the config's featureGates).
     #[arg(long, value_name = "KEY=BOOL,...", value_parser = feature_gates_flag, action = ArgAction::Append)]
     pub feature_gates: Vec<FeatureGatesArg>,
+    /// Whether the node has the nfacct accounting objects releases from 1.31 count with
+    /// (`present`, as upstream's unit tests assume, unless `diff` reads the node), or not
+    /// (`absent`: the rules a node without nfacct support gets).
+    #[arg(long, value_enum, value_name = "present|absent")]
+    pub nfacct: Option<NfacctArg>,
+    /// The node's `net.netfilter.nf_conntrack_tcp_be_liberal` is set (no INVALID-drop rule), as
+    /// the config's `conntrack.tcpBeLiberal: true` also makes it (default: unset, unless `diff`
+    /// reads the node).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = go_bool)]
+    pub conntrack_tcp_be_liberal: Option<bool>,
+}
+
+/// `--nfacct`: whether the node has the accounting objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NfacctArg {
+    Present,
+    Absent,
 }
 
 #[derive(Debug, Args)]

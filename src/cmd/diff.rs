@@ -224,13 +224,19 @@ pub fn run(args: &DiffArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<
         manifests: args.manifests.clone(),
         then: vec![],
     };
+    // Rendered for the node compared against: the live node's nfacct objects and sysctl
+    // (flags still win); a saved rules file says nothing of them, so the flags decide.
+    let facts = match &args.node_rules {
+        Some(_) => render::NodeFacts::from_flags(&args.render),
+        None => node.facts().with_flags(&args.render),
+    };
     let mut buf = Vec::new();
     if args.manifests.is_empty() {
         let settings = render::load_settings(&args.render)?;
         let snapshot = cluster_snapshot(args, &settings)?;
-        render::render_snapshots_with(&render_args, &settings, &[snapshot], &mut buf)?;
+        render::render_snapshots_with(&render_args, &settings, facts, &[snapshot], &mut buf)?;
     } else {
-        render::run_node(&render_args, &mut buf)?;
+        render::run_node_with(&render_args, facts, &mut buf)?;
     }
     let rendered = String::from_utf8_lossy(&buf);
     let mut expected =

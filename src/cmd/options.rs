@@ -561,7 +561,7 @@ mod tests {
                 "--metrics-bind-address=0.0.0.0:9999",
                 "--bind-address-hard-fail",
                 "--profiling=true",
-                "--show-hidden-metrics-for-version=1.34",
+                "--show-hidden-metrics-for-version=1.36",
                 "--oom-score-adj=-500",
                 "--feature-gates=Foo=true,Bar=false",
                 "--detect-local-mode=InterfaceNamePrefix",
@@ -598,7 +598,7 @@ mod tests {
         assert_eq!(cfg.healthz_bind_address, "10.0.0.5:10256", "--healthz-port's default is appended");
         assert_eq!(cfg.metrics_bind_address, "0.0.0.0:9999");
         assert!(cfg.bind_address_hard_fail && cfg.enable_profiling);
-        assert_eq!(cfg.show_hidden_metrics_for_version, "1.34");
+        assert_eq!(cfg.show_hidden_metrics_for_version, "1.36");
         assert_eq!(cfg.oom_score_adj, Some(-500));
         assert_eq!(cfg.feature_gates.get("Foo"), Some(&true));
         assert_eq!(cfg.feature_gates.get("Bar"), Some(&false));
@@ -700,7 +700,7 @@ mod tests {
             "2",
             "true",
             "true",
-            "1.34",
+            "1.36",
             "0",
             "A=true",
             "1.31",

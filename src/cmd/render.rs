@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::cmd::cli::{RenderArgs, RenderOptions};
+use crate::cmd::cli::{NfacctArg, RenderArgs, RenderOptions};
 use crate::config::{self, Settings};
 use crate::iptables::chain_tracker::ChainTracker;
 use crate::iptables::runner::{IptablesVersion, RANDOM_FULLY_MIN_VERSION};
@@ -77,6 +77,39 @@ pub(crate) fn load_settings(options: &RenderOptions) -> Result<Settings, RenderC
     })
 }
 
+/// What a render assumes of the node beyond the manifests: whether it has the nfacct
+/// accounting objects, and whether its `nf_conntrack_tcp_be_liberal` sysctl is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub nfacct: bool,
+    pub conntrack_tcp_be_liberal: bool,
+}
+
+impl NodeFacts {
+    /// `render`'s defaults (a node with nfacct support and the kernel's strict TCP tracking,
+    /// as upstream's unit-test proxier has), with the flags applied over them.
+    pub fn from_flags(options: &RenderOptions) -> NodeFacts {
+        NodeFacts::default().with_flags(options)
+    }
+
+    /// These facts with whatever the flags say instead.
+    pub fn with_flags(mut self, options: &RenderOptions) -> NodeFacts {
+        if let Some(nfacct) = options.nfacct {
+            self.nfacct = nfacct == NfacctArg::Present;
+        }
+        if let Some(liberal) = options.conntrack_tcp_be_liberal {
+            self.conntrack_tcp_be_liberal = liberal;
+        }
+        self
+    }
+}
+
+impl Default for NodeFacts {
+    fn default() -> Self {
+        NodeFacts { nfacct: true, conntrack_tcp_be_liberal: false }
+    }
+}
+
 /// The node a render acted as, as `render` resolved it from the flags and manifests.
 #[derive(Debug, Clone)]
 pub struct RenderedNode {
@@ -105,13 +138,22 @@ pub fn run(args: &RenderArgs, out: &mut dyn Write) -> Result<(), RenderCmdError>
 
 /// [`run`], also saying which node it rendered for.
 pub fn run_node(args: &RenderArgs, out: &mut dyn Write) -> Result<RenderedNode, RenderCmdError> {
+    run_node_with(args, NodeFacts::from_flags(&args.options), out)
+}
+
+/// [`run_node`] for a node with `facts`.
+pub(crate) fn run_node_with(
+    args: &RenderArgs,
+    facts: NodeFacts,
+    out: &mut dyn Write,
+) -> Result<RenderedNode, RenderCmdError> {
     // Load every snapshot before printing anything: a bad file fails the whole command.
     let mut snapshots = Vec::with_capacity(1 + args.then.len());
     snapshots.push(load(&args.manifests)?);
     for path in &args.then {
         snapshots.push(load(std::slice::from_ref(path))?);
     }
-    render_snapshots(args, &snapshots, out)
+    render_snapshots_with(args, &load_settings(&args.options)?, facts, &snapshots, out)
 }
 
 /// Renders `snapshots` (the first, then each later one as a partial sync) with the flags of
@@ -121,13 +163,15 @@ pub fn render_snapshots(
     snapshots: &[Snapshot],
     out: &mut dyn Write,
 ) -> Result<RenderedNode, RenderCmdError> {
-    render_snapshots_with(args, &load_settings(&args.options)?, snapshots, out)
+    render_snapshots_with(args, &load_settings(&args.options)?, NodeFacts::from_flags(&args.options), snapshots, out)
 }
 
-/// [`render_snapshots`] with the settings already loaded from `args` ([`load_settings`]).
+/// [`render_snapshots`] with the settings already loaded from `args` ([`load_settings`]) and
+/// the node's facts resolved.
 pub(crate) fn render_snapshots_with(
     args: &RenderArgs,
     settings: &Settings,
+    facts: NodeFacts,
     snapshots: &[Snapshot],
     out: &mut dyn Write,
 ) -> Result<RenderedNode, RenderCmdError> {
@@ -151,7 +195,7 @@ pub(crate) fn render_snapshots_with(
     };
 
     let node_port_cidrs =
-        NodePortAddresses::resolve_primary(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
+        NodePortAddresses::resolve_keywords(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
     let node_port_addresses = NodePortAddresses::new(family, &node_port_cidrs);
     // Localhost NodePorts exist only for IPv4, and only when nodePortAddresses admits loopback.
     let localhost_nodeports =
@@ -168,7 +212,9 @@ pub(crate) fn render_snapshots_with(
             node_ip: Some(node_ip),
             node_port_addresses,
             random_fully,
-            conntrack_tcp_liberal: false,
+            // The daemon sets the sysctl when the config asks for liberal tracking, and then
+            // reads it back: either way the INVALID drop is left out.
+            conntrack_tcp_liberal: facts.conntrack_tcp_be_liberal || settings.conntrack.tcp_be_liberal,
             features: settings.features,
         },
         hostname: hostname.clone(),
@@ -176,11 +222,17 @@ pub(crate) fn render_snapshots_with(
     };
     let kernel = Arc::new(ChainTracker::new(family, random_fully));
     let interface_addrs_for_report = interface_addrs.clone();
-    // The accounting objects exist (releases 1.31 and later name them in their rules), as
-    // upstream's unit tests assume and as a node with nfacct support has them.
+    // With nfacct, the accounting objects exist (releases 1.31 and later name them in their
+    // rules), as upstream's unit tests assume and as a node with nfacct support has them;
+    // without, they cannot be created and the rules are those of such a node.
+    let nfacct = if facts.nfacct {
+        crate::node::nfacct::FakeNfacct::new()
+    } else {
+        crate::node::nfacct::FakeNfacct::unavailable()
+    };
     let mut proxier = Proxier::new(cfg, kernel, Arc::new(StaticInterfaces(interface_addrs)))
         .with_payload_recording()
-        .with_nfacct(Arc::new(crate::node::nfacct::FakeNfacct::new()));
+        .with_nfacct(Arc::new(nfacct));
 
     // Snapshots are taken to arrive a sync period apart, so large-cluster mode also cleans
     // up stale chains on every sync, as the daemon would eventually.

@@ -51,6 +51,11 @@ pub trait LiveNode {
     /// `iptables-save` of nat and filter for `family`.
     fn rules(&self, family: IpFamily) -> Result<String, String>;
     fn addresses(&self) -> std::io::Result<Vec<IpAddr>>;
+    /// What the node's rules depend on besides the cluster: its nfacct objects and its
+    /// `nf_conntrack_tcp_be_liberal` sysctl (`diff` renders with them).
+    fn facts(&self) -> super::render::NodeFacts {
+        super::render::NodeFacts::default()
+    }
 }
 
 /// The node this process runs on.
@@ -64,6 +69,18 @@ impl LiveNode for RealNode {
 
     fn addresses(&self) -> std::io::Result<Vec<IpAddr>> {
         crate::daemon::app::HostInterfaces.interface_addrs()
+    }
+
+    fn facts(&self) -> super::render::NodeFacts {
+        use crate::node::nfacct::{CT_STATE_INVALID_DROPPED, ExecNfacct, Nfacct};
+        let exec: Arc<dyn Exec> = Arc::new(RealExec);
+        super::render::NodeFacts {
+            // The daemon makes sure of both objects together; one readable means support.
+            nfacct: ExecNfacct::new(exec).packets(CT_STATE_INVALID_DROPPED).is_ok(),
+            conntrack_tcp_be_liberal: crate::node::sysctl::conntrack_tcp_be_liberal(
+                &crate::node::sysctl::ProcSysctl::new(),
+            ),
+        }
     }
 }
 

@@ -33,7 +33,9 @@ pub use load::{DecodedConfig, StrictDecodingError, load_config_file, parse_confi
 pub use settings::{ClientSettings, ConntrackSettings, DetectLocal, LoggingSettings, Settings, masquerade_mark};
 pub use types::*;
 pub use validation::{FieldError, FieldErrorKind};
-pub(crate) use validation::{NODE_PORT_ADDRESSES_PRIMARY, split_host_port};
+pub(crate) use validation::{
+    NODE_PORT_ADDRESSES_ALL, NODE_PORT_ADDRESSES_LOCALHOST, NODE_PORT_ADDRESSES_PRIMARY, split_host_port,
+};
 
 /// The only `apiVersion` accepted in a config file.
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";

@@ -95,6 +95,8 @@ pub struct Settings {
     pub client: ClientSettings,
     pub logging: LoggingSettings,
     pub show_hidden_metrics_for_version: Option<String>,
+    /// `mode` was left empty (the Linux default applies); 1.37 warns about it.
+    pub mode_unset: bool,
 }
 
 /// Go's `fmt.Sprintf("%#08x", 1<<bit)`: Go zero-pads the digits to the width and then adds
@@ -174,6 +176,7 @@ impl Settings {
             },
             show_hidden_metrics_for_version: (!cfg.show_hidden_metrics_for_version.is_empty())
                 .then(|| cfg.show_hidden_metrics_for_version.clone()),
+            mode_unset: cfg.mode.is_empty(),
         })
     }
 }

@@ -383,7 +383,21 @@ fn validation_names_each_field() {
         (|c| c.cluster_cidr = "10.0.0.0/8,fd00::/48,10.1.0.0/16".into(), &["clusterCIDR"]),
         (|c| c.cluster_cidr = "10.0.0.0/8, fd00::/48".into(), &["clusterCIDR"]),
         (|c| c.node_port_addresses = Some(vec!["10.0.0.0/8".into(), "x".into()]), &["nodePortAddresses[1]"]),
-        (|c| c.node_port_addresses = Some(vec!["10.0.0.0/8".into(), "primary".into()]), &["nodePortAddresses[1]"]),
+        (
+            |c| {
+                c.compatibility_version = "1.36".into();
+                c.node_port_addresses = Some(vec!["10.0.0.0/8".into(), "primary".into()]);
+            },
+            &["nodePortAddresses[1]"],
+        ),
+        (
+            |c| {
+                c.compatibility_version = "1.36".into();
+                c.node_port_addresses = Some(vec!["localhost".into()]);
+            },
+            &["nodePortAddresses[0]"],
+        ),
+        (|c| c.node_port_addresses = Some(vec!["all".into(), "everything".into()]), &["nodePortAddresses[1]"]),
         (|c| c.bind_address = "10.0.0.1:80".into(), &["bindAddress"]),
         (|c| c.healthz_bind_address = "0.0.0.0".into(), &["healthzBindAddress"]),
         (|c| c.metrics_bind_address = "localhost:10249".into(), &["metricsBindAddress"]),
@@ -451,7 +465,10 @@ fn validation_accepts_valid_variants() {
             c.detect_local.bridge_interface = "cbr0".into();
         },
         |c| c.port_range = "30000+100".into(),
-        |c| c.show_hidden_metrics_for_version = "1.34".into(),
+        |c| c.show_hidden_metrics_for_version = "1.36".into(),
+        // 1.37: keywords and CIDRs in any combination.
+        |c| c.node_port_addresses = Some(vec!["primary".into(), "localhost".into(), "10.0.0.0/8".into()]),
+        |c| c.node_port_addresses = Some(vec!["all".into()]),
         |c| {
             c.compatibility_version = "1.29".into();
             c.show_hidden_metrics_for_version = "1.28".into();

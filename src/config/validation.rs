@@ -374,10 +374,29 @@ fn format_gates(gates: &BTreeMap<String, bool>) -> String {
     gates.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
 }
 
-/// The keyword accepted in `nodePortAddresses` besides CIDRs.
+/// The keyword accepted in `nodePortAddresses` besides CIDRs (1.31).
 pub(crate) const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
+/// `127.0.0.0/8` and `::1/128` (1.37).
+pub(crate) const NODE_PORT_ADDRESSES_LOCALHOST: &str = "localhost";
+/// `0.0.0.0/0` and `::/0` (1.37).
+pub(crate) const NODE_PORT_ADDRESSES_ALL: &str = "all";
 
 fn validate_node_port_addresses(addresses: &[String], release: Release, errs: &mut Vec<FieldError>) {
+    if release.accepts_node_port_address_keywords() {
+        // From 1.37 every entry is a CIDR or a keyword, in any combination.
+        for (i, addr) in addresses.iter().enumerate() {
+            let keyword = [NODE_PORT_ADDRESSES_PRIMARY, NODE_PORT_ADDRESSES_LOCALHOST, NODE_PORT_ADDRESSES_ALL]
+                .contains(&addr.as_str());
+            if !keyword && Cidr::parse_sloppy(addr).is_none() {
+                errs.push(FieldError::invalid_str(
+                    &format!("nodePortAddresses[{i}]"),
+                    addr,
+                    "must be a valid CIDR or one of 'primary', 'localhost', 'all'",
+                ));
+            }
+        }
+        return;
+    }
     for (i, addr) in addresses.iter().enumerate() {
         let field = format!("nodePortAddresses[{i}]");
         if addr == NODE_PORT_ADDRESSES_PRIMARY && release.accepts_primary_node_port_addresses() {

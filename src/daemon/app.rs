@@ -205,9 +205,20 @@ async fn daemon_main(
         Some(p) => crate::config::watch::ConfigWatcher::new(p, crate::config::watch::DEFAULT_POLL_INTERVAL).ok(),
         None => None,
     };
-    let client = crate::k8s::client::build(settings.client.kubeconfig.as_deref(), master.as_deref()).await?;
+    let Some(client) = build_client(settings.client.kubeconfig.as_deref(), master.as_deref(), &shutdown).await else {
+        return Ok(Stopped::Signal);
+    };
     let hostname = settings.hostname_override.clone().unwrap_or_else(os_hostname);
     tracing::info!(hostname = %hostname, "starting kube-proxy-rs");
+    if settings.mode_unset && settings.features.release.warns_about_empty_mode() {
+        tracing::warn!(
+            "proxy mode is not set: using iptables; the default on Linux will change from iptables to nftables \
+             in a future release, so set mode explicitly"
+        );
+    }
+    for warning in crate::compat::Features::gate_warnings(settings.features.release, &settings.feature_gates) {
+        tracing::warn!("{warning}");
+    }
     let mut node = crate::k8s::list::wait_for_node(&client, &hostname).await;
     let node_cidr_mode = settings.detect_local == crate::config::DetectLocal::NodeCidr;
     if node_cidr_mode && !node.as_ref().is_some_and(crate::k8s::pod_cidr::has_pod_cidrs) {
@@ -235,6 +246,7 @@ async fn daemon_main(
         &crate::node::sysctl::RealConntrackSysfs::default(),
         &settings.conntrack,
         crate::node::sysctl::detect_num_cpu(),
+        settings.features.release,
     ) {
         Ok(outcome) => crate::daemon::report_conntrack_outcome(&outcome, &hostname, events.as_ref()),
         // Setting these is what the init container is for; the daemon carries on as before.
@@ -292,13 +304,25 @@ async fn daemon_main(
     let (restart_tx, mut restart_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let pod_cidr_guard =
         std::sync::Mutex::new(node_cidr_mode.then(|| crate::k8s::pod_cidr::PodCidrGuard::for_node(node.as_ref())));
+    // From 1.37 a change of the Node's IPs, or its deletion, restarts the process too.
+    let node_ip_guard = std::sync::Mutex::new(
+        settings
+            .features
+            .release
+            .exits_on_node_ip_change()
+            .then(|| crate::k8s::pod_cidr::NodeIpGuard::for_node(node.as_ref())),
+    );
     let on_node: crate::k8s::watch::NodeCallback = Arc::new(move |n| {
         match n {
             Some(n) => health.sync_node(n),
             None => health.node_deleted(),
         }
         let mut guard = pod_cidr_guard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(why) = guard.as_mut().and_then(|g| g.on_node(n)) {
+        let pod_cidrs_changed = guard.as_mut().and_then(|g| g.on_node(n));
+        drop(guard);
+        let mut guard = node_ip_guard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let node_ips_changed = guard.as_mut().and_then(|g| g.on_node(n));
+        if let Some(why) = pod_cidrs_changed.or(node_ips_changed) {
             tracing::info!(reason = %why, "the node changed in a way this process was built on; restarting");
             let _ = restart_tx.send(why);
         }
@@ -340,6 +364,34 @@ async fn daemon_main(
     }
     tracing::info!("stopped; service rules left in place");
     reason
+}
+
+/// Builds the API client, retrying (with backoff up to 30 s) while it cannot be built — a
+/// kubeconfig, token file or CA that is missing or unreadable, perhaps not yet projected by
+/// the kubelet — with an error naming what failed each time. `None` when a signal arrived
+/// first.
+async fn build_client(
+    kubeconfig: Option<&std::path::Path>,
+    master: Option<&str>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Option<kube::Client> {
+    let mut delay = std::time::Duration::from_secs(1);
+    loop {
+        match crate::k8s::client::build(kubeconfig, master).await {
+            Ok(client) => return Some(client),
+            Err(e) => tracing::error!(
+                error = %e,
+                retry_in = ?delay,
+                "failed to create the Kubernetes client (check the kubeconfig, its token file and CA); retrying"
+            ),
+        }
+        let stop = wait_for_stop(None, shutdown);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop => return None,
+        }
+        delay = (delay * 2).min(std::time::Duration::from_secs(30));
+    }
 }
 
 /// Waits for SIGTERM/SIGINT (→ `None`) or a config file change (→ its message).

@@ -131,7 +131,7 @@ impl Daemon {
         // Bridged pod traffic skips these rules without br_netfilter; say so once, at start.
         check_bridge_nf_call_iptables(deps.sysctl.as_ref());
         let node_port_cidrs =
-            NodePortAddresses::resolve_primary(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
+            NodePortAddresses::resolve_keywords(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
 
         let mut built = Vec::new();
         for (family, ipt) in families {

@@ -58,7 +58,9 @@ pub(crate) async fn wait_for_node(client: &Client, name: &str) -> Option<Node> {
         match api.get_opt(name).await {
             Ok(Some(node)) => return Some(node),
             Ok(None) => tracing::info!(node = name, "node not found yet"),
-            Err(e) => tracing::info!(node = name, error = %e, "failed to get node"),
+            Err(e) => {
+                crate::k8s::client::log_request_failure(&format!("get Node {name}"), &e);
+            }
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(std::time::Duration::from_secs(8));

@@ -2,6 +2,9 @@
 //! wait for the IPAM controller to assign them (upstream waits up to five minutes), and once
 //! running, exit when they change, since the local-traffic rules were built from them and a
 //! restart is the simplest correct way to rebuild everything (upstream does the same).
+//!
+//! From 1.37 the same holds for the Node's IPs (`NodeIpGuard`, PR #138183): a change of them,
+//! or the Node's deletion, restarts the process.
 
 use std::time::Duration;
 
@@ -84,6 +87,30 @@ impl PodCidrGuard {
     }
 }
 
+/// Remembers the Node IPs the proxier was built with and says when the Node no longer has
+/// them, or is deleted (upstream 1.37 `NodeManager.OnNodeChange` / `OnNodeDelete`).
+#[derive(Debug, Default)]
+pub(crate) struct NodeIpGuard {
+    ips: Vec<std::net::IpAddr>,
+}
+
+impl NodeIpGuard {
+    /// A guard for the host IPs of `node` (none when there is no Node: the first Node seen
+    /// with IPs then restarts the process, as upstream's does).
+    pub fn for_node(node: Option<&Node>) -> Self {
+        NodeIpGuard { ips: node.map(|n| crate::model::node::NodeInfo::from_node(n).host_ips).unwrap_or_default() }
+    }
+
+    /// Takes a Node update (`None` = deleted); returns why the process must restart, if it must.
+    pub fn on_node(&mut self, node: Option<&Node>) -> Option<String> {
+        let Some(node) = node else {
+            return Some("Node is being deleted".to_string());
+        };
+        let current = crate::model::node::NodeInfo::from_node(node).host_ips;
+        (current != self.ips).then(|| format!("NodeIPs changed for the node: from {:?} to {:?}", self.ips, current))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +149,34 @@ mod tests {
         let why = guard.on_node(Some(&node(&["10.0.2.0/24"]))).expect("restart");
         assert!(why.contains("10.0.1.0/24") && why.contains("10.0.2.0/24"), "{why}");
         assert!(guard.on_node(Some(&node(&[]))).is_some(), "losing the CIDRs is a change too");
+    }
+
+    fn node_with_ips(ips: &[&str]) -> Node {
+        let mut n = node(&[]);
+        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            addresses: Some(
+                ips.iter()
+                    .map(|ip| k8s_openapi::api::core::v1::NodeAddress {
+                        type_: "InternalIP".into(),
+                        address: ip.to_string(),
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        n
+    }
+
+    #[test]
+    fn node_ip_changes_and_deletion_restart() {
+        let mut guard = NodeIpGuard::for_node(Some(&node_with_ips(&["198.18.0.2"])));
+        assert_eq!(guard.on_node(Some(&node_with_ips(&["198.18.0.2"]))), None);
+        let why = guard.on_node(Some(&node_with_ips(&["198.18.0.3"]))).expect("restart");
+        assert!(why.starts_with("NodeIPs changed for the node") && why.contains("198.18.0.3"), "{why}");
+        assert_eq!(guard.on_node(None).as_deref(), Some("Node is being deleted"));
+        // Started without a Node: its first IPs are a change, as upstream's captured IPs are empty.
+        let mut guard = NodeIpGuard::for_node(None);
+        assert!(guard.on_node(Some(&node_with_ips(&["198.18.0.2"]))).is_some());
     }
 
     #[test]

@@ -37,13 +37,29 @@ pub(crate) async fn consume<K, S>(
             () = shutdown.cancelled() => return,
             next = stream.next() => match next {
                 Some(Ok(event)) => handle(event),
-                Some(Err(e)) => tracing::warn!(kind, error = %e, "watch failed; retrying"),
+                Some(Err(e)) => log_watch_failure(kind, &e),
                 None => {
                     tracing::warn!(kind, "watch stream ended");
                     return;
                 }
             },
         }
+    }
+}
+
+/// Logs a watch error: authentication, authorisation and TLS failures as errors naming the
+/// client's credentials (`k8s::client::log_request_failure`), the rest as a warning (the
+/// watcher retries with backoff either way).
+fn log_watch_failure(kind: &'static str, err: &watcher::Error) {
+    let what = format!("list/watch {kind}");
+    match err {
+        watcher::Error::InitialListFailed(e) | watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => {
+            crate::k8s::client::log_request_failure(&what, e);
+        }
+        watcher::Error::WatchError(status) if matches!(status.code, 401 | 403) => {
+            crate::k8s::client::log_request_failure(&what, &kube::Error::Api(status.clone()));
+        }
+        other => tracing::warn!(kind, error = %other, "watch failed; retrying"),
     }
 }
 

@@ -322,13 +322,19 @@ impl SharedFields {
         }
 
         let canonical = features.release.writes_canonical_service_addresses();
-        let external_ips = addresses_of_family(
-            service,
-            "spec.externalIPs",
-            spec.external_ips.iter().flatten().map(String::as_str),
-            family,
-            canonical,
-        );
+        // With `AllowServiceExternalIPs` off (1.36+, KEP-5707) external IPs are not
+        // programmed at all.
+        let external_ips = if features.allow_service_external_ips {
+            addresses_of_family(
+                service,
+                "spec.externalIPs",
+                spec.external_ips.iter().flatten().map(String::as_str),
+                family,
+                canonical,
+            )
+        } else {
+            Vec::new()
+        };
         // Upstream `IsVIPMode`: with LoadBalancerIPMode on, only ingresses whose ipMode is
         // absent or `VIP` are short-circuited on the node; a `Proxy` load balancer must see
         // the traffic (it may add a PROXY-protocol header).
@@ -343,8 +349,14 @@ impl SharedFields {
             family,
             canonical,
         );
-        let (source_ranges, source_ranges_skipped) =
+        let (mut source_ranges, source_ranges_skipped) =
             source_ranges_of_family(service, source_range_texts(svc, spec), family, canonical);
+        // A zero-prefix range admits every source, as no ranges do: no firewall at all.
+        if features.release.zero_source_range_allows_all()
+            && source_ranges.iter().any(|r| r.cidr.is_some_and(|c| c.prefix() == 0))
+        {
+            source_ranges.clear();
+        }
 
         Ok(SharedFields {
             external_ips,
@@ -762,6 +774,46 @@ mod tests {
         assert_eq!(v4.external_ips, ["1.2.3.5"]);
         assert_eq!(ranges(v4), ["198.18.7.1/16"]);
         assert!(v4.source_ranges_skipped);
+    }
+
+    /// From 1.35 (PR #132722) a zero-prefix source range admits everyone: the family's ranges
+    /// are dropped, so no firewall chain is written for it.
+    #[test]
+    fn a_zero_source_range_means_no_firewall_from_1_35() {
+        let svc = testing::svc("ns", "z")
+            .type_("LoadBalancer")
+            .cluster_ips_with_families(&[("10.0.0.1", "IPv4"), ("fd00::1", "IPv6")])
+            .port("p", "TCP", 80, 0)
+            .lb_ingress(&["198.18.0.9", "fd00::9"])
+            .source_ranges(&["198.18.0.0/16", "0.0.0.0/0", "fd00::/64"])
+            .build();
+        let v4 = |release| service_ports(&svc, IpFamily::V4, &Features::of(release)).unwrap().remove(0);
+        assert_eq!(ranges(&v4(Release::V1_34)), ["198.18.0.0/16", "0.0.0.0/0"]);
+        assert!(v4(Release::V1_34).filters_load_balancer_sources());
+        for release in [Release::V1_35, Release::V1_37] {
+            assert!(ranges(&v4(release)).is_empty(), "{release}");
+            assert!(!v4(release).filters_load_balancer_sources(), "{release}");
+            // Per family: the IPv6 ranges still filter.
+            let v6 = service_ports(&svc, IpFamily::V6, &Features::of(release)).unwrap().remove(0);
+            assert_eq!(ranges(&v6), ["fd00::/64"], "{release}");
+        }
+    }
+
+    /// `AllowServiceExternalIPs` (1.36+, on by default) turned off: no external IPs at all.
+    #[test]
+    fn external_ips_follow_allow_service_external_ips() {
+        let svc = testing::svc("ns", "e")
+            .bare_cluster_ip("10.0.0.1")
+            .port("p", "TCP", 80, 0)
+            .external_ips(&["198.18.0.5"])
+            .build();
+        let on = Features::of(Release::V1_36);
+        assert_eq!(service_ports(&svc, IpFamily::V4, &on).unwrap()[0].external_ips, ["198.18.0.5"]);
+        let gates = [("AllowServiceExternalIPs".to_string(), false)].into_iter().collect();
+        let off = Features::resolve(Release::V1_36, &gates).unwrap();
+        let port = &service_ports(&svc, IpFamily::V4, &off).unwrap()[0];
+        assert!(port.external_ips.is_empty());
+        assert!(!port.externally_accessible());
     }
 
     #[test]

@@ -187,6 +187,16 @@ pub fn parse_status(text: &str) -> Result<ProcessCapabilities, &'static str> {
     Ok(ProcessCapabilities { effective, ambient, effective_uid })
 }
 
+/// `CAP_SYS_ADMIN`: what a privileged container has and an unprivileged one does not.
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Whether this process runs privileged (it has `CAP_SYS_ADMIN`, as kubeadm's kube-proxy
+/// DaemonSet's `privileged: true` gives it); false when that cannot be read. Used to make
+/// hints fit how the process was started.
+pub fn this_process_is_privileged() -> bool {
+    ProcStatus::default().read().is_ok_and(|c| c.effective & (1u64 << CAP_SYS_ADMIN) != 0)
+}
+
 /// A fixed answer, for tests.
 #[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone)]

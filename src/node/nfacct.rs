@@ -160,8 +160,7 @@ impl FakeNfacct {
         Self::default()
     }
 
-    /// A fake on which no object can be created (no nfacct support).
-    #[cfg(any(test, feature = "testing"))]
+    /// A fake on which no object can be created (no nfacct support; `render --nfacct absent`).
     pub fn unavailable() -> Self {
         FakeNfacct { failing: true, ..Self::default() }
     }

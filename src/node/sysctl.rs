@@ -16,6 +16,7 @@ use std::path::PathBuf;
 #[cfg(any(test, feature = "testing"))]
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::compat::Release;
 use crate::config::ConntrackSettings;
 
 pub(crate) const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
@@ -43,27 +44,40 @@ pub enum SysctlError {
     Read { name: String, source: io::Error },
     #[error("sysctl {name} holds {value:?}, not an integer")]
     NotAnInteger { name: String, value: String },
-    #[error("failed to set sysctl {name} to {value}: {source}{}", not_permitted_hint(.source))]
-    Write { name: String, value: i64, source: io::Error },
+    #[error("failed to set sysctl {name} to {value}: {source}{}", not_permitted_hint(.source, *.privileged))]
+    Write {
+        name: String,
+        value: i64,
+        source: io::Error,
+        /// The process had `CAP_SYS_ADMIN` (a privileged container) when it was refused.
+        privileged: bool,
+    },
     #[error("failed to read {path}: {source}")]
     ReadFile { path: PathBuf, source: io::Error },
     #[error("{path} holds {value:?}, not an integer")]
     FileNotAnInteger { path: PathBuf, value: String },
-    #[error("failed to write {value} to {path}: {source}{}", not_permitted_hint(.source))]
-    WriteFile { path: PathBuf, value: i64, source: io::Error },
+    #[error("failed to write {value} to {path}: {source}{}", not_permitted_hint(.source, *.privileged))]
+    WriteFile { path: PathBuf, value: i64, source: io::Error, privileged: bool },
     #[error("no sysfs mounted according to {0}")]
     NoSysfs(PathBuf),
 }
 
-/// Said after a write refused for lack of privilege: an unprivileged container gets `/proc/sys`
-/// read-only (EROFS) and writing module parameters needs more than root's uid (EACCES, EPERM).
-fn not_permitted_hint(source: &io::Error) -> &'static str {
+/// Said after a refused write, fitting how the process was started. Unprivileged (our
+/// least-privilege DaemonSet), `/proc/sys` is read-only (EROFS) and module parameters need
+/// more than root's uid (EACCES, EPERM): the init container makes these settings. Privileged
+/// (kubeadm's DaemonSet runs kube-proxy so), a refusal means the setting is not this network
+/// namespace's to change: a nested or user-namespaced node, where the host owns it.
+fn not_permitted_hint(source: &io::Error, privileged: bool) -> &'static str {
     // EPERM and EACCES are both PermissionDenied.
-    if matches!(source.kind(), io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem) {
+    if !matches!(source.kind(), io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem) {
+        ""
+    } else if privileged {
+        " (refused although this process is privileged: on a nested or user-namespaced node, such as kind or \
+         a node inside a container, this kernel setting belongs to the host; set it there, or set \
+         conntrack.maxPerCore to 0 (and the other conntrack fields to 0s) so kube-proxy leaves it alone)"
+    } else {
         " (not permitted in this container: kernel settings are made by `kube-proxy-rs --init-only` in a \
          privileged init container, as deploy/kube-proxy-rs.yaml does; see docs/operations.md, \"Privileges\")"
-    } else {
-        ""
     }
 }
 
@@ -124,6 +138,7 @@ impl Sysctl for ProcSysctl {
             name: rel,
             value,
             source,
+            privileged: crate::node::capabilities::this_process_is_privileged(),
         })
     }
 }
@@ -180,7 +195,12 @@ impl Sysctl for FakeSysctl {
     fn set(&self, name: &str, value: i64) -> Result<()> {
         let name = normalize(name)?;
         if lock(&self.read_only).contains(&name) {
-            return Err(SysctlError::Write { name, value, source: io::ErrorKind::PermissionDenied.into() });
+            return Err(SysctlError::Write {
+                name,
+                value,
+                source: io::ErrorKind::PermissionDenied.into(),
+                privileged: false,
+            });
         }
         lock(&self.values).insert(name.clone(), value);
         lock(&self.writes).push((name, value));
@@ -274,6 +294,7 @@ impl ConntrackSysfs for RealConntrackSysfs {
             path: path.clone(),
             value,
             source,
+            privileged: crate::node::capabilities::this_process_is_privileged(),
         })
     }
 
@@ -320,14 +341,18 @@ pub(crate) fn parse_cpu_list(list: &str) -> Option<usize> {
     Some(count)
 }
 
-/// `nf_conntrack_max` to set: `maxPerCore × cpus`, at least `min`; `None` when `maxPerCore`
-/// is 0 (leave the kernel's value alone).
-pub(crate) fn conntrack_max(settings: &ConntrackSettings, num_cpus: usize) -> Option<i64> {
+/// `nf_conntrack_max` to set: `maxPerCore × cpus` (from 1.36 at most
+/// [`crate::compat::CONNTRACK_MAX_CAP`]), at least `min`; `None` when `maxPerCore` is 0
+/// (leave the kernel's value alone).
+pub(crate) fn conntrack_max(settings: &ConntrackSettings, num_cpus: usize, release: Release) -> Option<i64> {
     if settings.max_per_core == 0 {
         return None;
     }
     let cpus = i64::try_from(num_cpus).unwrap_or(i64::MAX);
-    let scaled = i64::from(settings.max_per_core).saturating_mul(cpus);
+    let mut scaled = i64::from(settings.max_per_core).saturating_mul(cpus);
+    if release.caps_computed_conntrack_max() {
+        scaled = scaled.min(crate::compat::CONNTRACK_MAX_CAP);
+    }
     let floor = i64::from(settings.min);
     Some(if scaled > floor { scaled } else { floor })
 }
@@ -349,9 +374,10 @@ pub(crate) fn apply_conntrack_settings(
     sysfs: &dyn ConntrackSysfs,
     settings: &ConntrackSettings,
     num_cpus: usize,
+    release: Release,
 ) -> Result<ConntrackOutcome> {
     let mut outcome = ConntrackOutcome::default();
-    if let Some(max) = conntrack_max(settings, num_cpus) {
+    if let Some(max) = conntrack_max(settings, num_cpus, release) {
         tracing::info!(nf_conntrack_max = max, "setting nf_conntrack_max");
         ensure_sysctl(sysctl, NF_CONNTRACK_MAX, max)?;
         // Resizing the hash table is refused outside the initial network namespace, so it is
@@ -477,10 +503,15 @@ mod tests {
     #[test]
     fn conntrack_max_scales_with_cpus() {
         let s = settings();
-        assert_eq!(conntrack_max(&s, 2), Some(131_072), "min wins over 2 × 32768");
-        assert_eq!(conntrack_max(&s, 8), Some(262_144));
-        assert_eq!(conntrack_max(&ConntrackSettings { max_per_core: 0, ..s.clone() }, 8), None);
-        assert_eq!(conntrack_max(&ConntrackSettings { min: 0, ..s }, 1), Some(32_768));
+        let r = Release::V1_35;
+        assert_eq!(conntrack_max(&s, 2, r), Some(131_072), "min wins over 2 × 32768");
+        assert_eq!(conntrack_max(&s, 8, r), Some(262_144));
+        assert_eq!(conntrack_max(&ConntrackSettings { max_per_core: 0, ..s.clone() }, 8, r), None);
+        assert_eq!(conntrack_max(&ConntrackSettings { min: 0, ..s.clone() }, 1, r), Some(32_768));
+        // From 1.36 the computed value is capped at 1Mi (PR #137002); a larger min still wins.
+        assert_eq!(conntrack_max(&s, 64, Release::V1_35), Some(2_097_152));
+        assert_eq!(conntrack_max(&s, 64, Release::V1_36), Some(1_048_576));
+        assert_eq!(conntrack_max(&ConntrackSettings { min: 2_000_000, ..s }, 64, Release::V1_36), Some(2_000_000));
     }
 
     #[test]
@@ -492,7 +523,7 @@ mod tests {
             (NF_CONNTRACK_UDP_TIMEOUT, 30),
         ]);
         let fs = sysfs(16_384, true);
-        let outcome = apply_conntrack_settings(&fake, &fs, &settings(), 8).unwrap();
+        let outcome = apply_conntrack_settings(&fake, &fs, &settings(), 8, Release::NEWEST).unwrap();
         assert_eq!(outcome, ConntrackOutcome::default());
         // close_wait already right: not written; UDP and liberal untouched.
         assert_eq!(
@@ -515,7 +546,7 @@ mod tests {
             ..settings()
         };
         let fs = sysfs(0, false);
-        apply_conntrack_settings(&fake, &fs, &s, 4).unwrap();
+        apply_conntrack_settings(&fake, &fs, &s, 4, Release::NEWEST).unwrap();
         assert_eq!(
             fake.writes(),
             vec![
@@ -532,12 +563,12 @@ mod tests {
     fn hashsize_is_left_alone_when_big_enough_and_read_only_sysfs_is_not_fatal() {
         let fake = FakeSysctl::new();
         let fs = sysfs(100_000, false);
-        let outcome = apply_conntrack_settings(&fake, &fs, &settings(), 8).unwrap();
+        let outcome = apply_conntrack_settings(&fake, &fs, &settings(), 8, Release::NEWEST).unwrap();
         assert!(!outcome.read_only_sysfs, "no resize needed, so sysfs is not even checked");
 
         let fake = FakeSysctl::new();
         let fs = sysfs(1_000, false);
-        let outcome = apply_conntrack_settings(&fake, &fs, &settings(), 8).unwrap();
+        let outcome = apply_conntrack_settings(&fake, &fs, &settings(), 8, Release::NEWEST).unwrap();
         assert!(outcome.read_only_sysfs);
         assert_eq!(*lock(&fs.hashsize), 1_000);
         // The timeouts are still applied.
@@ -548,7 +579,7 @@ mod tests {
     fn failures_stop_and_name_the_sysctl() {
         let fake = FakeSysctl::new();
         fake.make_read_only(NF_CONNTRACK_TCP_TIMEOUT_ESTABLISHED);
-        let err = apply_conntrack_settings(&fake, &sysfs(1 << 20, true), &settings(), 8).unwrap_err();
+        let err = apply_conntrack_settings(&fake, &sysfs(1 << 20, true), &settings(), 8, Release::NEWEST).unwrap_err();
         assert!(err.to_string().contains("nf_conntrack_tcp_timeout_established"), "{err}");
         assert_eq!(fake.value(NF_CONNTRACK_TCP_TIMEOUT_CLOSE_WAIT), None, "stopped at the first error");
         // A refusal says where kernel settings are made instead.
@@ -557,19 +588,23 @@ mod tests {
 
     #[test]
     fn only_refusals_get_the_privilege_hint() {
-        let write = |kind: io::ErrorKind| {
-            SysctlError::Write { name: ROUTE_LOCALNET.into(), value: 1, source: kind.into() }.to_string()
+        let write = |kind: io::ErrorKind, privileged: bool| {
+            SysctlError::Write { name: ROUTE_LOCALNET.into(), value: 1, source: kind.into(), privileged }.to_string()
         };
         for refused in [io::ErrorKind::ReadOnlyFilesystem, io::ErrorKind::PermissionDenied] {
-            let text = write(refused);
+            let text = write(refused, false);
             assert!(text.starts_with("failed to set sysctl net/ipv4/conf/all/route_localnet to 1: "), "{text}");
             assert!(text.contains("privileged init container"), "{text}");
+            // Privileged, as kubeadm runs kube-proxy: no init container to point at.
+            let text = write(refused, true);
+            assert!(!text.contains("init") && text.contains("nested or user-namespaced node"), "{text}");
         }
-        assert!(!write(io::ErrorKind::NotFound).contains("init container"));
+        assert!(!write(io::ErrorKind::NotFound, false).contains("init container"));
         let file = SysctlError::WriteFile {
             path: CONNTRACK_HASHSIZE_PATH.into(),
             value: 4,
             source: io::Error::from_raw_os_error(1), // EPERM
+            privileged: false,
         };
         assert!(file.to_string().contains("privileged init container"), "{file}");
     }
@@ -691,7 +726,7 @@ mod tests {
                 ..settings()
             };
             let unused_sysfs = sysfs(0, false);
-            apply_conntrack_settings(&sysctl, &unused_sysfs, &s, 1).unwrap();
+            apply_conntrack_settings(&sysctl, &unused_sysfs, &s, 1, Release::NEWEST).unwrap();
             assert_eq!(sysctl.get(NF_CONNTRACK_UDP_TIMEOUT).unwrap(), 42);
             assert_eq!(sysctl.get(NF_CONNTRACK_TCP_BE_LIBERAL).unwrap(), 1);
             assert!(conntrack_tcp_be_liberal(&sysctl));

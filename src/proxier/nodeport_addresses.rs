@@ -36,20 +36,28 @@ impl NodePortAddresses {
         NodePortAddresses { cidrs: parsed, match_all, contains_ipv4_loopback }
     }
 
-    /// Resolves the special value `primary` (the only entry) to the node's IPs, `/32` and
-    /// `/128`, leaving out loopback fallbacks; any other list is returned as is.
-    pub(crate) fn resolve_primary(addresses: &[String], node_ips: &[IpAddr]) -> Vec<String> {
-        if addresses.len() != 1 || addresses[0] != crate::config::NODE_PORT_ADDRESSES_PRIMARY {
-            return addresses.to_vec();
+    /// Resolves the keywords validation admits to CIDRs: `primary` (1.31: the only entry;
+    /// 1.37: combinable) to the node's IPs, `/32` and `/128`, leaving out loopback fallbacks;
+    /// `localhost` (1.37) to `127.0.0.0/8` and `::1/128`; `all` (1.37) to `0.0.0.0/0` and
+    /// `::/0`. CIDRs are kept as written.
+    pub(crate) fn resolve_keywords(addresses: &[String], node_ips: &[IpAddr]) -> Vec<String> {
+        let mut out = Vec::with_capacity(addresses.len());
+        for address in addresses {
+            match address.as_str() {
+                crate::config::NODE_PORT_ADDRESSES_PRIMARY => out.extend(
+                    node_ips.iter().filter(|ip| !ip.is_loopback() && !ip.is_unspecified()).map(|ip| match ip {
+                        IpAddr::V4(v4) => format!("{v4}/32"),
+                        IpAddr::V6(v6) => format!("{v6}/128"),
+                    }),
+                ),
+                crate::config::NODE_PORT_ADDRESSES_LOCALHOST => {
+                    out.extend(["127.0.0.0/8".to_string(), "::1/128".to_string()])
+                }
+                crate::config::NODE_PORT_ADDRESSES_ALL => out.extend(["0.0.0.0/0".to_string(), "::/0".to_string()]),
+                _ => out.push(address.clone()),
+            }
         }
-        node_ips
-            .iter()
-            .filter(|ip| !ip.is_loopback())
-            .map(|ip| match ip {
-                IpAddr::V4(v4) => format!("{v4}/32"),
-                IpAddr::V6(v6) => format!("{v6}/128"),
-            })
-            .collect()
+        out
     }
 
     /// Every local address of the family accepts NodePorts.
@@ -111,11 +119,23 @@ mod tests {
     #[test]
     fn primary_resolves_to_node_ips() {
         let ips: Vec<IpAddr> = vec!["192.168.0.2".parse().unwrap(), "::1".parse().unwrap()];
-        assert_eq!(NodePortAddresses::resolve_primary(&s(&["primary"]), &ips), s(&["192.168.0.2/32"]));
-        assert_eq!(NodePortAddresses::resolve_primary(&s(&["10.0.0.0/8"]), &ips), s(&["10.0.0.0/8"]));
-        let n = NodePortAddresses::new(IpFamily::V4, &NodePortAddresses::resolve_primary(&s(&["primary"]), &ips));
+        assert_eq!(NodePortAddresses::resolve_keywords(&s(&["primary"]), &ips), s(&["192.168.0.2/32"]));
+        assert_eq!(NodePortAddresses::resolve_keywords(&s(&["10.0.0.0/8"]), &ips), s(&["10.0.0.0/8"]));
+        let n = NodePortAddresses::new(IpFamily::V4, &NodePortAddresses::resolve_keywords(&s(&["primary"]), &ips));
         assert!(!n.match_all());
         assert!(!n.contains_ipv4_loopback());
+    }
+
+    #[test]
+    fn keywords_of_1_37_resolve_and_combine() {
+        let ips: Vec<IpAddr> = vec!["192.168.0.2".parse().unwrap(), "fd00::2".parse().unwrap()];
+        let resolved = NodePortAddresses::resolve_keywords(&s(&["localhost", "primary", "10.1.0.0/16"]), &ips);
+        assert_eq!(resolved, s(&["127.0.0.0/8", "::1/128", "192.168.0.2/32", "fd00::2/128", "10.1.0.0/16"]));
+        let n = NodePortAddresses::new(IpFamily::V4, &resolved);
+        assert!(!n.match_all() && n.contains_ipv4_loopback());
+        let all = NodePortAddresses::resolve_keywords(&s(&["all"]), &ips);
+        assert!(NodePortAddresses::new(IpFamily::V4, &all).match_all());
+        assert!(NodePortAddresses::new(IpFamily::V6, &all).match_all());
     }
 
     #[test]

@@ -135,18 +135,31 @@ pub(crate) struct EndpointSliceCache {
     /// Addresses are parsed leniently and written canonically (1.31+); otherwise, as 1.29,
     /// written as given, and skipped unless canonical.
     canonical_addresses: bool,
+    /// How duplicated endpoints are resolved ([`Release::prefers_non_terminating_duplicate_endpoints`]).
+    duplicates: DuplicateRule,
     services: HashMap<NamespacedName, SliceTracker>,
 }
 
 impl EndpointSliceCache {
     /// A cache reading slices as 1.29 does; see [`EndpointSliceCache::with_release`].
     pub fn new(node_name: impl Into<String>, family: IpFamily) -> EndpointSliceCache {
-        EndpointSliceCache { node_name: node_name.into(), family, canonical_addresses: false, services: HashMap::new() }
+        EndpointSliceCache {
+            node_name: node_name.into(),
+            family,
+            canonical_addresses: false,
+            duplicates: DuplicateRule::FirstUnlessLaterLocal,
+            services: HashMap::new(),
+        }
     }
 
     /// Reads slice addresses as `release` does (canonical text from 1.31).
     pub fn with_release(mut self, release: Release) -> EndpointSliceCache {
         self.canonical_addresses = release.writes_canonical_endpoint_addresses();
+        self.duplicates = if release.prefers_non_terminating_duplicate_endpoints() {
+            DuplicateRule::LastUnlessTerminating
+        } else {
+            DuplicateRule::FirstUnlessLaterLocal
+        };
         self
     }
 
@@ -188,14 +201,14 @@ impl EndpointSliceCache {
             if tracker.pending.is_empty() {
                 continue;
             }
-            let previous = merge(tracker.applied.iter().map(|(_, record)| record));
+            let previous = merge(tracker.applied.iter().map(|(_, record)| record), self.duplicates);
             for (name, data) in std::mem::take(&mut tracker.pending) {
                 match data {
                     Some(record) => upsert(&mut tracker.applied, name, record),
                     None => remove(&mut tracker.applied, &name),
                 }
             }
-            let current = merge(tracker.applied.iter().map(|(_, record)| record));
+            let current = merge(tracker.applied.iter().map(|(_, record)| record), self.duplicates);
             if tracker.applied.is_empty() {
                 emptied.push(service.clone());
             }
@@ -333,17 +346,32 @@ fn valid_port(
     Some((ServicePortName::new(service.clone(), port_name.clone(), protocol), number))
 }
 
+/// Which copy of an endpoint (same address and port) that appears in more than one slice
+/// of a Service is used (upstream `addEndpoints`; slices are taken in name order here, in
+/// map order upstream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DuplicateRule {
+    /// Up to 1.35: the first copy, unless a later one is local to this node.
+    FirstUnlessLaterLocal,
+    /// From 1.36 (PR #135593): the last copy, unless it is terminating, so a pod IP reused
+    /// by a new Pod while the old one still terminates gets the new Pod's conditions.
+    LastUnlessTerminating,
+}
+
 /// The endpoints map of one Service from its slices (upstream `getEndpointsMap`): per
 /// service port, the endpoints of all slices sorted by endpoint string. The same endpoint
-/// may appear twice (e.g. while moving between slices); the first copy in slice-name order
-/// is kept unless a later one is local.
-fn merge<'a>(records: impl Iterator<Item = &'a SliceRecord>) -> EndpointsMap {
+/// may appear twice (e.g. while moving between slices); `duplicates` says which copy counts.
+fn merge<'a>(records: impl Iterator<Item = &'a SliceRecord>, duplicates: DuplicateRule) -> EndpointsMap {
     let mut by_port: BTreeMap<&ServicePortName, BTreeMap<&str, &EndpointRef>> = BTreeMap::new();
     for record in records {
         for (name, endpoints) in record.ports.iter() {
             let set = by_port.entry(name).or_default();
             for ep in endpoints.iter() {
-                if ep.is_local || !set.contains_key(ep.endpoint.as_str()) {
+                let replace = match duplicates {
+                    DuplicateRule::FirstUnlessLaterLocal => ep.is_local || !set.contains_key(ep.endpoint.as_str()),
+                    DuplicateRule::LastUnlessTerminating => !ep.terminating || !set.contains_key(ep.endpoint.as_str()),
+                };
+                if replace {
                     set.insert(ep.endpoint.as_str(), ep);
                 }
             }
@@ -418,6 +446,37 @@ mod tests {
         // The other order: gone from s1 first, then in s3, within one sync.
         let map = apply(&mut cache, &[(with("s1", &[]), false), (with("s3", &["10.0.0.1"]), false)]);
         assert_eq!(endpoints(&map, &p), ["10.0.0.1:80", "10.0.0.2:80"]);
+    }
+
+    /// From 1.36 (PR #135593): a non-terminating copy beats a terminating one (a pod IP reused
+    /// while the old Pod terminates), and locality no longer decides.
+    #[test]
+    fn from_1_36_a_duplicate_endpoint_prefers_the_non_terminating_copy() {
+        let old_pod = |name: &str| {
+            slice("ns1", "svc1", name)
+                .port("p", "TCP", 80)
+                .endpoint(bare_ep("10.0.0.1").node(NODE).conditions(Some(false), Some(true), Some(true)))
+                .build()
+        };
+        let new_pod = |name: &str| {
+            slice("ns1", "svc1", name)
+                .port("p", "TCP", 80)
+                .endpoint(bare_ep("10.0.0.1").node("other").conditions(Some(true), Some(true), Some(false)))
+                .build()
+        };
+        // Either slice order: the new Pod's copy is used from 1.36.
+        for (first, second) in [(old_pod("a"), new_pod("b")), (new_pod("a"), old_pod("b"))] {
+            let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4).with_release(Release::V1_36);
+            let map = apply(&mut cache, &[(first.clone(), false), (second.clone(), false)]);
+            let eps = &map[&spn("p", Protocol::Tcp)];
+            assert_eq!(eps.len(), 1);
+            assert!(eps[0].ready && !eps[0].terminating && !eps[0].is_local);
+            // Up to 1.35 the local (terminating) copy wins whatever the order.
+            let mut cache = EndpointSliceCache::new(NODE, IpFamily::V4).with_release(Release::V1_35);
+            let map = apply(&mut cache, &[(first, false), (second, false)]);
+            let eps = &map[&spn("p", Protocol::Tcp)];
+            assert!(eps[0].terminating && eps[0].is_local);
+        }
     }
 
     #[test]

@@ -235,6 +235,8 @@ struct State {
     events: Vec<Value>,
     event_failures: Vec<u16>,
     requests: Vec<RequestLog>,
+    /// When set, every request must carry `Authorization: Bearer <token>` (else 401).
+    required_token: Option<String>,
     expired: usize,
     /// Between [`ApiServer::go_down`] and [`ApiServer::come_back_on`]: a connection still
     /// being torn down must not serve anything (it could register a watch after the
@@ -365,6 +367,12 @@ impl ApiServer {
 
     pub fn url(&self) -> String {
         format!("{}://{}", self.scheme, self.addr)
+    }
+
+    /// From now on every request must carry this bearer token (as a service account's);
+    /// others get 401 Unauthorized, as a real API server answers a wrong token.
+    pub fn require_token(&self, token: &str) {
+        self.shared.lock().required_token = Some(token.to_string());
     }
 
     /// A client for this server: plain HTTP, no auth.
@@ -759,13 +767,23 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).into_owned().collect();
     let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     let routed = route(&path);
-    shared.lock().requests.push(RequestLog {
-        method: req.method().to_string(),
-        uri: req.uri().to_string(),
-        kind: routed.as_ref().map(|(k, _)| *k),
-        watch,
-        authorization: req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string),
-    });
+    let authorization = req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let required = {
+        let mut st = shared.lock();
+        st.requests.push(RequestLog {
+            method: req.method().to_string(),
+            uri: req.uri().to_string(),
+            kind: routed.as_ref().map(|(k, _)| *k),
+            watch,
+            authorization: authorization.clone(),
+        });
+        st.required_token.clone()
+    };
+    if let Some(token) = required
+        && authorization.as_deref() != Some(format!("Bearer {token}").as_str())
+    {
+        return error_response(401, "Unauthorized", "Unauthorized");
+    }
 
     if matches!(*req.method(), Method::POST | Method::PATCH)
         && let Some((ns, name)) = events_path(&path)

@@ -26,7 +26,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::apiserver::ApiServer;
-use crate::support::e2e::{DaemonProcess, TempDir, daemon_args, enter_netns, in_netns, ip, nat, topology, veth_names};
+use crate::support::e2e::{
+    DaemonProcess, TempDir, daemon_args, enter_netns, in_netns, ip, nat, topology, topology_tls, veth_names,
+};
 use crate::support::netns::Netns;
 
 pub const NODE_A: &str = "node-a";
@@ -116,6 +118,17 @@ impl Cluster {
     /// Like [`Cluster::start`] without starting the daemon (the test starts it its own way).
     pub async fn network(tag: &str) -> Cluster {
         let (api_ns, node_a, server) = topology(tag).await;
+        Cluster::around(tag, api_ns, node_a, server).await
+    }
+
+    /// [`Cluster::network`] with the API server serving HTTPS with `acceptor`'s certificate.
+    pub async fn network_tls(tag: &str, acceptor: tokio_rustls::TlsAcceptor) -> Cluster {
+        let (api_ns, node_a, server) = topology_tls(tag, acceptor).await;
+        Cluster::around(tag, api_ns, node_a, server).await
+    }
+
+    /// The rest of the network around the API server's and node-a's namespaces.
+    async fn around(tag: &str, api_ns: Netns, node_a: Netns, server: ApiServer) -> Cluster {
         let node_b = Netns::create(&format!("{tag}-nodeb"));
         let client = Netns::create(&format!("{tag}-client"));
         for ns in [&node_b, &client] {

@@ -8,6 +8,7 @@ pub mod apiserver;
 pub mod cluster_net;
 pub mod e2e;
 pub mod harness;
+pub mod kubeadm;
 pub mod netns;
 pub mod poll;
 pub mod rng;
