@@ -402,12 +402,18 @@ fn render_says_what_node_it_renders_for() {
     assert!(!absent.contains("-m nfacct") && present.contains("-m nfacct"), "{absent}\n{present}");
     for backend in ["nft", "legacy"] {
         let ns = Netns::create(&format!("nfacct-{backend}"));
-        let test = |payload: &str| ns.run_with_stdin(&[&format!("iptables-{backend}-restore"), "--test"], payload);
-        let out = test(&absent);
+        // `--test` does not reach the kernel's check of the objects; a real restore does.
+        let restore = |payload: &str, flag: &str| {
+            ns.run_with_stdin(&[&format!("iptables-{backend}-restore"), flag], payload)
+        };
+        let out = restore(&absent, "--test");
         assert!(out.success(), "{backend}: --nfacct absent rejected on a node without nfacct: {}", out.combined());
-        assert!(!test(&present).success(), "{backend}: the default names objects this node does not have");
+        assert!(!restore(&present, "--noflush").success(), "{backend}: the default names objects this node lacks");
+        let out = restore(&absent, "--noflush");
+        assert!(out.success(), "{backend}: --nfacct absent restores on a node without nfacct: {}", out.combined());
         crate::support::e2e::create_nfacct_objects(&ns);
-        assert!(test(&present).success(), "{backend}: accepted once the objects exist");
+        let out = restore(&present, "--noflush");
+        assert!(out.success(), "{backend}: accepted once the objects exist: {}", out.combined());
     }
 
     const INVALID_DROP: &str = "--ctstate INVALID";

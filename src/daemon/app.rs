@@ -219,12 +219,19 @@ async fn daemon_main(
     for warning in crate::compat::Features::gate_warnings(settings.features.release, &settings.feature_gates) {
         tracing::warn!("{warning}");
     }
-    let mut node = crate::k8s::list::wait_for_node(&client, &hostname).await;
+    // A signal while the API server cannot be reached (or refuses us) stops the process
+    // cleanly, as it does later.
+    let mut node = tokio::select! {
+        node = crate::k8s::list::wait_for_node(&client, &hostname) => node,
+        _ = wait_for_stop(None, &shutdown) => return Ok(Stopped::Signal),
+    };
     let node_cidr_mode = settings.detect_local == crate::config::DetectLocal::NodeCidr;
     if node_cidr_mode && !node.as_ref().is_some_and(crate::k8s::pod_cidr::has_pod_cidrs) {
         tracing::info!(hostname = %hostname, "watching for node, awaiting podCIDR allocation");
-        let n =
-            crate::k8s::pod_cidr::wait_for_pod_cidrs(&client, &hostname, crate::k8s::pod_cidr::POD_CIDR_WAIT).await?;
+        let n = tokio::select! {
+            n = crate::k8s::pod_cidr::wait_for_pod_cidrs(&client, &hostname, crate::k8s::pod_cidr::POD_CIDR_WAIT) => n?,
+            _ = wait_for_stop(None, &shutdown) => return Ok(Stopped::Signal),
+        };
         node = Some(n);
     }
     let (recorder, events_task) = crate::k8s::events::KubeEventRecorder::start(
