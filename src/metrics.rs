@@ -534,8 +534,8 @@ impl Metrics {
     pub fn record_conntrack_cleanup(&self, run: &CleanupRun) {
         if let (Some(m), Some(reconciled)) = (&self.conntrack_reconciler, run.reconcile()) {
             let labels = [run.family.api_name()];
-            m.sync_duration.with_label_values(&labels).observe(reconciled.elapsed.as_secs_f64());
             m.deleted_entries_total.with_label_values(&labels).inc_by(reconciled.deleted);
+            m.sync_duration.with_label_values(&labels).observe(reconciled.elapsed.as_secs_f64());
         }
     }
 
