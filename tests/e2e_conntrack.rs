@@ -471,7 +471,7 @@ async fn conntrack_benchmark() {
         loader.load(&ns, &stale_flows);
         let t = Instant::now();
         let listed = netlink.list_entries(IpFamily::V4, Protocol::Udp).expect("list");
-        assert!(listed.iter().any(|e| is_stale(e)));
+        assert!(listed.iter().any(&is_stale));
         let dumped = netlink.dump(IpFamily::V4).expect("dump");
         let matched: Vec<_> = dumped.into_iter().filter(|e| is_stale(e)).collect();
         let out = netlink.delete_entries(IpFamily::V4, &matched).expect("batch");
@@ -481,7 +481,7 @@ async fn conntrack_benchmark() {
         loader.load(&ns, &stale_flows);
         let t = Instant::now();
         let listed = tool.list_entries(IpFamily::V4, Protocol::Udp).expect("conntrack -L");
-        assert!(listed.iter().any(|e| is_stale(e)));
+        assert!(listed.iter().any(&is_stale));
         let deleted: u64 = filters.iter().map(|f| tool.delete_flows(f).expect("conntrack -D")).sum();
         before.push(t.elapsed().as_secs_f64());
         assert_eq!(deleted as usize, ENDPOINTS * per_endpoint);
