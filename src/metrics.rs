@@ -22,6 +22,7 @@ use prometheus::{
 use crate::compat::Release;
 use crate::iptables::Table;
 use crate::model::IpFamily;
+use crate::node::conntrack::cleaner::CleanupRun;
 use crate::node::nfacct::{self, Nfacct};
 use crate::proxier::{SyncError, SyncReport};
 
@@ -469,11 +470,14 @@ impl Metrics {
     /// Records one sync of `family` the way upstream's `syncProxyRules` does: latency always
     /// (full or partial), rule counts whenever rules were rendered, restore failures on
     /// failure, and on success the network programming latency of the applied EndpointSlice
-    /// changes, the no-local-endpoint counts, the last-sync timestamp and (1.33+) the
-    /// conntrack reconciler's run, if there was one. The change trackers
-    /// were drained, so both pending gauges drop to zero.
+    /// changes, the no-local-endpoint counts and the last-sync timestamp. The change trackers
+    /// were drained, so both pending gauges drop to zero. A sync's conntrack cleanup runs
+    /// after it, beside later syncs, and is recorded on its own
+    /// ([`Metrics::record_conntrack_cleanup`]).
     ///
-    /// `elapsed` is how long the sync took; `now` is the wall-clock time it finished.
+    /// `elapsed` is how long the sync took; `now` is the wall-clock time it finished, right
+    /// after its restore (upstream takes both at the restore's success too, before its
+    /// cleanup; only its sync duration includes the cleanup).
     pub fn record_sync(&self, family: IpFamily, report: &SyncReport, elapsed: Duration, now: SystemTime) {
         let fam = self.sync_values(family, &[]);
         let seconds = elapsed.as_secs_f64();
@@ -512,11 +516,6 @@ impl Metrics {
                     .with_label_values(&self.sync_values(family, &["external"]))
                     .set(gauge_value(report.stats.no_local_endpoints_external));
                 self.sync_proxy_rules_last_timestamp.with_label_values(&fam).set(now_secs);
-                if let (Some(m), Some(run)) = (&self.conntrack_reconciler, &report.conntrack_reconcile) {
-                    let labels = [family.api_name()];
-                    m.sync_duration.with_label_values(&labels).observe(run.elapsed.as_secs_f64());
-                    m.deleted_entries_total.with_label_values(&labels).inc_by(run.deleted);
-                }
             }
             Err(err) => {
                 if matches!(err, SyncError::Restore { .. }) {
@@ -526,6 +525,17 @@ impl Metrics {
                     self.iptables_partial_restore_failures_total.with_label_values(&fam).inc();
                 }
             }
+        }
+    }
+
+    /// Records a finished conntrack cleanup: in the releases with the reconciler's metrics
+    /// (1.33+), a reconciliation that could list the table (as upstream, which observes
+    /// nothing when the listing fails).
+    pub fn record_conntrack_cleanup(&self, run: &CleanupRun) {
+        if let (Some(m), Some(reconciled)) = (&self.conntrack_reconciler, run.reconcile()) {
+            let labels = [run.family.api_name()];
+            m.deleted_entries_total.with_label_values(&labels).inc_by(reconciled.deleted);
+            m.sync_duration.with_label_values(&labels).observe(reconciled.elapsed.as_secs_f64());
         }
     }
 
@@ -556,7 +566,9 @@ mod tests {
     use super::*;
     use crate::iptables::IptablesError;
     use crate::model::NamespacedName;
-    use crate::proxier::{ConntrackReconcile, RenderStats};
+    use crate::node::conntrack::ReconcileSummary;
+    use crate::node::conntrack::cleaner::CleanupOutcome;
+    use crate::proxier::RenderStats;
     use crate::tracker::{EndpointsUpdateResult, ServiceUpdateResult};
 
     #[test]
@@ -735,7 +747,7 @@ mod tests {
             elapsed: Duration::ZERO,
             retry_after: None,
             service_health: None,
-            conntrack_reconcile: None,
+            conntrack_cleanup: None,
         }
     }
 
@@ -811,8 +823,19 @@ mod tests {
         let mut ok = report(true, Ok(()));
         let trigger = Timestamp::new(990, 500_000_000).unwrap();
         ok.endpoints_update.last_change_trigger_times.insert(NamespacedName::new("ns", "svc"), vec![trigger]);
-        ok.conntrack_reconcile = Some(ConntrackReconcile { elapsed: Duration::from_millis(3), deleted: 4 });
         m.record_sync(family, &ok, Duration::from_millis(20), at(1_000));
+        let reconciled = ReconcileSummary { listed: true, entries: 9, stale: 4, deleted: 4, ..Default::default() };
+        m.record_conntrack_cleanup(&CleanupRun {
+            family,
+            elapsed: Duration::from_millis(3),
+            outcome: CleanupOutcome::Reconciled(reconciled),
+        });
+        // A run whose listing failed is not observed.
+        m.record_conntrack_cleanup(&CleanupRun {
+            family,
+            elapsed: Duration::from_millis(3),
+            outcome: CleanupOutcome::Reconciled(ReconcileSummary::default()),
+        });
         m.record_sync(family, &report(false, Err(restore_error())), Duration::from_millis(5), at(2_000));
         m.healthz_answered(200);
         m.livez_answered(503);

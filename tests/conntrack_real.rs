@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube_proxy_rs::compat::{Features, Release};
 use kube_proxy_rs::exec::RealExec;
 use kube_proxy_rs::model::{IpFamily, NamespacedName, Protocol, ServicePortName};
+use kube_proxy_rs::node::conntrack::netlink::NetlinkConntrack;
 use kube_proxy_rs::node::conntrack::{
     CleanupSummary, Conntrack, ConntrackEntry, EndpointMatch, ExecConntrack, ReconcileSummary, clean_stale_entries,
     reconcile,
@@ -292,7 +293,24 @@ fn reconcile_maps(release: Release) -> (ServicePortMap, EndpointsMap) {
     (service_map, endpoints_map)
 }
 
-fn reconcile_in_netns(release: Release, stale: impl Fn(&ReconcileFlow) -> bool) {
+/// Which client of the table a test uses: the tool (what the text parser reads) or netlink
+/// (what the daemon uses).
+#[derive(Debug, Clone, Copy)]
+enum Client {
+    Tool,
+    Netlink,
+}
+
+impl Client {
+    fn open(self, ns: &Netns) -> Box<dyn Conntrack> {
+        match self {
+            Client::Tool => Box::new(ExecConntrack::new(Arc::new(RealExec)).in_netns(ns.name.clone())),
+            Client::Netlink => Box::new(NetlinkConntrack::new(Arc::new(RealExec)).in_netns(ns.name.clone())),
+        }
+    }
+}
+
+fn reconcile_in_netns(release: Release, client: Client, stale: impl Fn(&ReconcileFlow) -> bool) {
     let ns = Netns::create("ctrec");
     for f in RECONCILE_FLOWS {
         insert(&ns, &f.flow);
@@ -301,7 +319,8 @@ fn reconcile_in_netns(release: Release, stale: impl Fn(&ReconcileFlow) -> bool) 
     let all: BTreeSet<u16> = RECONCILE_FLOWS.iter().map(|f| f.flow.client_port).chain([TCP_FLOW.client_port]).collect();
     assert_eq!(remaining_all(&ns), all, "inserted entries");
 
-    let ct = ExecConntrack::new(Arc::new(RealExec)).in_netns(ns.name.clone());
+    let ct = client.open(&ns);
+    let ct = ct.as_ref();
     // The lister reads back exactly what was inserted (the parser against the real tool).
     let listed = ct.list_entries(IpFamily::V4, Protocol::Udp).expect("conntrack -L");
     let first = listed.iter().find(|e| e.orig_sport == 41004).expect("listed 41004");
@@ -315,14 +334,16 @@ fn reconcile_in_netns(release: Release, stale: impl Fn(&ReconcileFlow) -> bool) 
         reply_dst: CLIENT.parse().unwrap(),
         reply_sport: EP_PORT,
         reply_dport: 41004,
+        zone: 0,
+        id: None,
     };
-    assert_eq!(*first, want);
+    assert_eq!(ConntrackEntry { id: None, ..*first }, want);
     assert_eq!(listed.len(), RECONCILE_FLOWS.len(), "only the UDP entries: {listed:?}");
     assert!(ct.list_entries(IpFamily::V6, Protocol::Udp).expect("conntrack -L -f ipv6").is_empty());
 
     let (services, endpoints) = reconcile_maps(release);
     let matching = EndpointMatch::for_release(release);
-    let summary = reconcile(&ct, matching, IpFamily::V4, &services, &endpoints);
+    let summary = reconcile(ct, matching, IpFamily::V4, &services, &endpoints);
     let stale_count = RECONCILE_FLOWS.iter().filter(|f| stale(f)).count() as u64;
     assert_eq!(summary.failures, 0, "{summary:?}");
     assert_eq!(summary.deleted, stale_count, "{release}: {summary:?}");
@@ -335,10 +356,10 @@ fn reconcile_in_netns(release: Release, stale: impl Fn(&ReconcileFlow) -> bool) 
     assert_eq!(remaining_all(&ns), kept, "{release}: entries left after the reconciler");
 
     // Again: nothing is stale any more.
-    let again = reconcile(&ct, matching, IpFamily::V4, &services, &endpoints);
+    let again = reconcile(ct, matching, IpFamily::V4, &services, &endpoints);
     assert_eq!(
         again,
-        ReconcileSummary { listed: true, entries: kept.len() - 1, filters: 0, deleted: 0, failures: 0 },
+        ReconcileSummary { listed: true, entries: kept.len() - 1, stale: 0, deleted: 0, gone: 0, failures: 0 },
         "{release}"
     );
     assert_eq!(remaining_all(&ns), kept);
@@ -347,11 +368,151 @@ fn reconcile_in_netns(release: Release, stale: impl Fn(&ReconcileFlow) -> bool) 
 #[test]
 fn reconciler_deletes_only_entries_no_serving_endpoint_answers() {
     require_root!();
-    reconcile_in_netns(Release::V1_35, |f| f.flow.stale);
+    reconcile_in_netns(Release::V1_35, Client::Netlink, |f| f.flow.stale);
+    reconcile_in_netns(Release::V1_35, Client::Tool, |f| f.flow.stale);
 }
 
 #[test]
 fn reconciler_of_1_33_compares_endpoint_ips_only() {
     require_root!();
-    reconcile_in_netns(Release::V1_33, |f| f.stale_by_ip);
+    reconcile_in_netns(Release::V1_33, Client::Netlink, |f| f.stale_by_ip);
+    reconcile_in_netns(Release::V1_33, Client::Tool, |f| f.stale_by_ip);
+}
+
+// ---- Netlink against the tool ---------------------------------------------------------------
+
+/// Netlink lists what `conntrack -L` lists (the text parser against the kernel's own
+/// messages), for both families, every protocol with ports, NAT and not, and another zone.
+#[test]
+fn netlink_lists_what_the_tool_lists() {
+    require_root!();
+    let ns = Netns::create("ctlist");
+    for f in FLOWS {
+        insert(&ns, f);
+    }
+    insert_proto(&ns, &TCP_FLOW, "tcp");
+    ns.ok(&[
+        "conntrack",
+        "-I",
+        "-p",
+        "udp",
+        "-s",
+        CLIENT,
+        "-d",
+        DNS_CLUSTER_IP,
+        "--sport",
+        "42001",
+        "--dport",
+        "53",
+        "--reply-src",
+        REMOVED_EP,
+        "--reply-dst",
+        CLIENT,
+        "--reply-port-src",
+        "5353",
+        "--reply-port-dst",
+        "42001",
+        "--timeout",
+        "600",
+        "-w",
+        "7",
+    ]);
+    ns.ok(&[
+        "conntrack",
+        "-I",
+        "-p",
+        "udp",
+        "-s",
+        "fd00:18::10",
+        "-d",
+        "fd00:96::a",
+        "--sport",
+        "42002",
+        "--dport",
+        "53",
+        "--reply-src",
+        "fd00:244::5",
+        "--reply-dst",
+        "fd00:18::10",
+        "--reply-port-src",
+        "5353",
+        "--reply-port-dst",
+        "42002",
+        "--timeout",
+        "600",
+        "--dst-nat",
+        "fd00:244::5",
+    ]);
+    let tool = Client::Tool.open(&ns);
+    let netlink = NetlinkConntrack::new(Arc::new(RealExec)).in_netns(ns.name.clone());
+    for family in [IpFamily::V4, IpFamily::V6] {
+        for protocol in [Protocol::Udp, Protocol::Tcp] {
+            let by_tool: BTreeSet<_> = tool.list_entries(family, protocol).expect("conntrack -L").into_iter().collect();
+            let listed = netlink.list_entries(family, protocol).expect("netlink dump");
+            assert!(listed.iter().all(|e| e.id.is_some()), "the kernel names every entry: {listed:?}");
+            let by_netlink: BTreeSet<_> = listed.into_iter().map(|e| ConntrackEntry { id: None, ..e }).collect();
+            assert_eq!(by_netlink, by_tool, "{family} {protocol}");
+            let inserted = family == IpFamily::V4 || protocol == Protocol::Udp;
+            assert_eq!(!by_tool.is_empty(), inserted, "{family} {protocol}");
+        }
+    }
+    let zoned = netlink.list_entries(IpFamily::V4, Protocol::Udp).unwrap().into_iter().find(|e| e.orig_sport == 42001);
+    assert_eq!(zoned.map(|e| e.zone), Some(7));
+}
+
+/// A batch deletes exactly the entries named, in any zone; entries already gone, and an
+/// entry whose id is not the one named (one that replaced the listed entry under the same
+/// tuple), are counted as gone and left alone.
+#[test]
+fn netlink_deletes_exactly_the_listed_entries() {
+    require_root!();
+    let ns = Netns::create("ctdel");
+    for f in FLOWS {
+        insert(&ns, f);
+    }
+    ns.ok(&[
+        "conntrack",
+        "-I",
+        "-p",
+        "udp",
+        "-s",
+        CLIENT,
+        "-d",
+        DNS_CLUSTER_IP,
+        "--sport",
+        "42001",
+        "--dport",
+        "53",
+        "--reply-src",
+        REMOVED_EP,
+        "--reply-dst",
+        CLIENT,
+        "--reply-port-src",
+        "5353",
+        "--reply-port-dst",
+        "42001",
+        "--timeout",
+        "600",
+        "-w",
+        "7",
+    ]);
+    let ct = NetlinkConntrack::new(Arc::new(RealExec)).in_netns(ns.name.clone());
+    let listed = ct.list_entries(IpFamily::V4, Protocol::Udp).expect("dump");
+    let pick = |port: u16| *listed.iter().find(|e| e.orig_sport == port).expect("listed");
+    let (a, b, zoned) = (pick(40001), pick(40002), pick(42001));
+    // 40003 as if another entry had taken its tuple after the listing: the kernel reuses a
+    // freed entry's memory, and so its id, so the test names another id instead.
+    let replaced = ConntrackEntry { id: pick(40003).id.map(|id| id ^ 1), ..pick(40003) };
+    // 40002 expires before the batch.
+    ns.ok(&["conntrack", "-D", "-p", "udp", "--sport", "40002"]);
+
+    let outcome = ct.delete_entries(IpFamily::V4, &[a, b, zoned, replaced]).expect("batch");
+    assert_eq!((outcome.deleted, outcome.gone, outcome.failed), (2, 2, 0), "{outcome:?}");
+    let left = remaining_flows(&ns);
+    assert!(!left.contains(&40001) && !left.contains(&42001), "{left:?}");
+    assert!(left.contains(&40003), "the replacing entry stays: {left:?}");
+    let want: BTreeSet<u16> = FLOWS.iter().map(|f| f.client_port).filter(|p| ![40001, 40002].contains(p)).collect();
+    assert_eq!(left, want);
+    // Nothing to delete is a batch that does nothing.
+    assert_eq!(ct.delete_entries(IpFamily::V4, &[]).expect("empty"), Default::default());
 }

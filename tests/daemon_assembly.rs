@@ -448,3 +448,120 @@ async fn livez_follows_restore_progress() {
     .await;
     rig.stop().await;
 }
+
+/// Issue 28: a conntrack cleanup that takes its time (a large UDP table) holds up nothing.
+/// While it runs, the sync that left it has already recorded its network-programming
+/// latency and last-sync timestamp and refreshed `/healthz` (upstream records them at the
+/// restore's success, before its cleanup), a later change of another Service is programmed,
+/// and shutdown does not wait for it. When it finishes, exactly the stale entry is gone and
+/// the reconciler's metrics count it. (With the cleanup inside the sync, as before, the
+/// metrics waited for the cleanup and the second change for both.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_conntrack_cleanup_holds_up_nothing() {
+    use k8s_openapi::jiff::Timestamp;
+    use kube_proxy_rs::model::Protocol;
+    use kube_proxy_rs::node::conntrack::ConntrackEntry;
+
+    let ipt = Arc::new(FakeIptables::new(IpFamily::V4));
+    let ct = Arc::new(FakeConntrack::new());
+    let client = "10.0.9.9".parse().unwrap();
+    let dns_ip = "172.30.0.10".parse().unwrap();
+    let flow = |port: u16, endpoint: &str| {
+        ConntrackEntry::new(
+            Protocol::Udp,
+            (client, port),
+            (dns_ip, 53),
+            (endpoint.parse().unwrap(), 5353),
+            (client, port),
+        )
+    };
+    let (gone, kept) = (flow(40001, "10.0.1.1"), flow(40002, "10.0.1.2"));
+    ct.set_entries(vec![gone, kept]);
+    let deps = DaemonDeps {
+        iptables_v4: Some(ipt.clone()),
+        iptables_v6: None,
+        sysctl: Arc::new(FakeSysctl::new()),
+        interfaces: Arc::new(StaticInterfaces(Vec::new())),
+        conntrack: Some(ct.clone()),
+        nfacct: None,
+        events: Arc::new(kube_proxy_rs::k8s::events::NoopEventRecorder),
+    };
+    let v4_node = node("node-a", &[], &["10.0.1.0/24"], &["198.18.0.2"]);
+    let daemon = Daemon::build(&settings(), "node-a".into(), Some(&v4_node), &deps).expect("daemon");
+    let (set, health, metrics) = (daemon.proxier_set(), daemon.health.clone(), daemon.metrics.clone());
+    let shutdown = CancellationToken::new();
+    let loops = tokio::spawn(daemon.run_loops(shutdown.clone(), None));
+
+    let dns = svc("kube-system", "dns").cluster_ip("172.30.0.10").udp("dns", 53).build();
+    let web = svc("ns1", "web").cluster_ip("172.30.0.20").tcp("http", 80).build();
+    let dns_slice = |ips: &[&str]| {
+        slice("kube-system", "dns", "dns-1")
+            .udp("dns", 5353)
+            .ips(ips)
+            .annotation("endpoints.kubernetes.io/last-change-trigger-time", &Timestamp::now().to_string())
+            .build()
+    };
+    let web_slice = |ip: &str| slice("ns1", "web", "web-1").tcp("http", 8080).ips(&[ip]).build();
+    let (mut services, mut slices) = (ServiceEvents::default(), SliceEvents::default());
+    for e in [Event::Init, Event::InitApply(dns), Event::InitApply(web), Event::InitDone] {
+        services.handle(e, &set);
+    }
+    for e in [
+        Event::Init,
+        Event::InitApply(dns_slice(&["10.0.1.1", "10.0.1.2"])),
+        Event::InitApply(web_slice("10.0.1.7")),
+        Event::InitDone,
+    ] {
+        slices.handle(e, &set);
+    }
+    eventually_fast("first sync", WAIT, || ipt.save_all().contains("10.0.1.7:8080")).await;
+    // The first sync's cleanup (every endpoint is new) finds nothing stale.
+    eventually_fast("first cleanup", WAIT, || ct.listings().len() == 1 && ct.waiting() == 0).await;
+    let count = |text: &str, metric: &str| {
+        text.lines().find(|l| l.starts_with(metric)).map(|l| l.rsplit(' ').next().unwrap_or("").to_owned())
+    };
+    let programmed = |text: &str| count(text, "kubeproxy_network_programming_duration_seconds_count");
+    let reconciled = |text: &str| count(text, "kubeproxy_conntrack_reconciler_sync_duration_seconds_count");
+    let text = metrics.encode_text().expect("metrics");
+    let before = (programmed(&text), health.health().last_updated, reconciled(&text));
+    assert_eq!(before.2.as_deref(), Some("1"), "{text}");
+
+    // Endpoint .1 goes away; its cleanup blocks in the listing.
+    ct.hold();
+    slices.handle(Event::Apply(dns_slice(&["10.0.1.2"])), &set);
+    eventually_fast("the rules drop 10.0.1.1", WAIT, || !ipt.save_all().contains("10.0.1.1:5353")).await;
+    eventually_fast("the cleanup to be running", WAIT, || ct.waiting() == 1).await;
+    let text = metrics.encode_text().expect("metrics");
+    assert_ne!(programmed(&text), before.0, "network programming latency recorded before the cleanup ends:\n{text}");
+    assert!(health.health().last_updated > before.1, "/healthz updated before the cleanup ends");
+    assert_eq!(reconciled(&text), before.2, "the running cleanup is not recorded yet:\n{text}");
+
+    // Another Service's change is programmed while the cleanup still runs.
+    slices.handle(Event::Apply(web_slice("10.0.1.8")), &set);
+    eventually_fast("the web change", WAIT, || ipt.save_all().contains("10.0.1.8:8080")).await;
+    assert_eq!(ct.waiting(), 1, "the cleanup is still running");
+    assert_eq!(ct.entries(), [gone, kept], "nothing deleted yet");
+
+    ct.release();
+    eventually_fast("the stale entry deleted", WAIT, || ct.entries() == [kept]).await;
+    eventually_fast("the reconciler's metrics", WAIT, || {
+        let text = metrics.encode_text().expect("metrics");
+        text.contains(r#"kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 1"#)
+    })
+    .await;
+
+    // Shutdown while a cleanup runs does not wait for it.
+    ct.hold();
+    slices.handle(Event::Apply(dns_slice(&["10.0.1.3"])), &set);
+    eventually_fast("another cleanup running", WAIT, || ct.waiting() == 1).await;
+    let stopping = Instant::now();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), loops)
+        .await
+        .expect("loops stop while the cleanup runs")
+        .expect("loop task")
+        .expect("no loop ended before shutdown");
+    assert!(stopping.elapsed() < Duration::from_secs(5));
+    assert_eq!(ct.waiting(), 1, "the cleanup was still running");
+    ct.release();
+}

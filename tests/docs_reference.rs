@@ -260,13 +260,22 @@ fn exercised_metrics(release: Release) -> Metrics {
         retry_after: None,
         elapsed: Duration::from_millis(2),
         service_health: None,
-        // A conntrack reconciler run, so its metrics (1.33+) have a series.
-        conntrack_reconcile: Some(kube_proxy_rs::proxier::ConntrackReconcile {
-            elapsed: Duration::from_millis(1),
-            deleted: 1,
-        }),
+        conntrack_cleanup: None,
     };
     m.record_sync(IpFamily::V4, &sync, sync.elapsed, UNIX_EPOCH + Duration::from_secs(2));
+    // A conntrack reconciler run, so its metrics (1.33+) have a series.
+    use kube_proxy_rs::node::conntrack::cleaner::{CleanupOutcome, CleanupRun};
+    m.record_conntrack_cleanup(&CleanupRun {
+        family: IpFamily::V4,
+        elapsed: Duration::from_millis(1),
+        outcome: CleanupOutcome::Reconciled(kube_proxy_rs::node::conntrack::ReconcileSummary {
+            listed: true,
+            entries: 1,
+            stale: 1,
+            deleted: 1,
+            ..Default::default()
+        }),
+    });
     // A failed partial sync, so the partial-failure counter has a series in every release.
     sync.full = false;
     sync.result = Err(kube_proxy_rs::proxier::SyncError::Restore {

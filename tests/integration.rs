@@ -8,6 +8,7 @@ mod daemon_cli;
 mod daemon_e2e;
 mod diff_cli;
 mod docs_reference;
+mod e2e_conntrack;
 mod e2e_events;
 mod e2e_faults;
 mod e2e_privileges;

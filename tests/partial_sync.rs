@@ -680,11 +680,11 @@ fn successful_syncs_clear_stale_udp_conntrack_entries() {
 
     // One endpoint removed: its flows through the cluster IP go.
     fp.add_slices(&[slice("kube-system", "dns", "dns-1").udp("dns", 5353).ips(&["10.1.0.2"]).build()]);
-    let report = fp.sync();
+    fp.sync();
     assert_eq!(ct.command_lines()[1..], ["conntrack -D --orig-dst 172.30.0.10 --dst-nat 10.1.0.1 -p udp".to_string()]);
     // 1.29 never lists the table (the reconciler is 1.32's).
-    assert!(ct.listings().is_empty() && ct.flow_deletions().is_empty(), "{:?}", ct.listings());
-    assert_eq!(report.conntrack_reconcile, None);
+    assert!(ct.listings().is_empty() && ct.entry_deletions().is_empty(), "{:?}", ct.listings());
+    assert_eq!(fp.last_reconcile(), None);
 }
 
 /// From 1.32 the per-change deletions are gone: after a successful sync in which a Service
@@ -693,20 +693,21 @@ fn successful_syncs_clear_stale_udp_conntrack_entries() {
 #[test]
 fn from_1_32_udp_endpoint_changes_run_the_conntrack_reconciler() {
     use kube_proxy_rs::model::Protocol;
-    use kube_proxy_rs::node::conntrack::{ConntrackEntry, FakeConntrack, FlowFilter};
-    let entry = |protocol, dst: &str, reply_src: &str| ConntrackEntry {
-        protocol,
-        orig_src: "10.0.5.5".parse().unwrap(),
-        orig_dst: dst.parse().unwrap(),
-        orig_sport: 40000,
-        orig_dport: 53,
-        reply_src: reply_src.parse().unwrap(),
-        reply_dst: "10.0.5.5".parse().unwrap(),
-        reply_sport: 5353,
-        reply_dport: 40000,
+    use kube_proxy_rs::node::conntrack::{ConntrackEntry, FakeConntrack};
+    let client = "10.0.5.5".parse().unwrap();
+    let entry = |protocol, dst: &str, reply_src: &str| {
+        ConntrackEntry::new(
+            protocol,
+            (client, 40000),
+            (dst.parse().unwrap(), 53),
+            (reply_src.parse().unwrap(), 5353),
+            (client, 40000),
+        )
     };
     let live = entry(Protocol::Udp, "172.30.0.10", "10.1.0.1");
-    let stale = entry(Protocol::Udp, "172.30.0.10", "10.1.0.9");
+    // Another client port: the table holds one entry per original tuple.
+    let stale =
+        ConntrackEntry { orig_sport: 40001, reply_dport: 40001, ..entry(Protocol::Udp, "172.30.0.10", "10.1.0.9") };
     let tcp = entry(Protocol::Tcp, "172.30.0.11", "10.1.0.9");
 
     let ct = std::sync::Arc::new(FakeConntrack::new());
@@ -715,42 +716,35 @@ fn from_1_32_udp_endpoint_changes_run_the_conntrack_reconciler() {
     let dns = svc("kube-system", "dns").cluster_ip("172.30.0.10").udp("dns", 53).build();
     let web = svc("kube-system", "web").cluster_ip("172.30.0.11").tcp("dns", 53).build();
     fp.add_services(&[dns, web]);
-    let report = fp.sync();
+    fp.sync();
     assert!(ct.listings().is_empty(), "no endpoint changed: nothing to reconcile");
-    assert_eq!(report.conntrack_reconcile, None);
+    assert_eq!(fp.last_reconcile(), None);
 
     fp.add_slices(&[slice("kube-system", "dns", "dns-1").udp("dns", 5353).ips(&["10.1.0.1", "10.1.0.2"]).build()]);
-    let report = fp.sync();
+    fp.sync();
     assert_eq!(ct.listings(), [(IpFamily::V4, Protocol::Udp)]);
-    assert_eq!(
-        ct.flow_deletions(),
-        [FlowFilter {
-            family: IpFamily::V4,
-            protocol: Protocol::Udp,
-            orig_dst: Some("172.30.0.10".parse().unwrap()),
-            orig_dport: 53,
-            reply_src: "10.1.0.9".parse().unwrap(),
-            reply_sport: Some(5353),
-        }]
-    );
+    // Exactly the stale entry, in one batch.
+    assert_eq!(ct.entry_deletions(), [vec![stale]]);
     assert_eq!(ct.entries(), [live, tcp]);
-    assert_eq!(report.conntrack_reconcile.map(|r| r.deleted), Some(1));
+    assert_eq!(fp.last_reconcile().map(|r| r.deleted), Some(1));
     assert!(ct.command_lines().is_empty(), "no 1.29 deletions: {:?}", ct.command_lines());
 
     // Endpoint changes of a TCP-only Service, or none at all, do not run it.
     fp.add_slices(&[slice("kube-system", "web", "web-1").tcp("dns", 8053).ips(&["10.1.0.3"]).build()]);
-    assert_eq!(fp.sync().conntrack_reconcile, None);
-    assert_eq!(fp.sync().conntrack_reconcile, None);
+    fp.sync();
+    assert_eq!(fp.last_reconcile(), None);
+    fp.sync();
+    assert_eq!(fp.last_reconcile(), None);
     assert_eq!(ct.listings().len(), 1);
 
     // Losing every endpoint is an endpoint change too: it runs, and (as upstream) leaves the
     // Service's entries alone because it has no serving endpoint.
     ct.set_entries(vec![live]);
     fp.add_slices(&[slice("kube-system", "dns", "dns-1").udp("dns", 5353).ips(&[]).build()]);
-    let report = fp.sync();
+    fp.sync();
     assert_eq!(ct.listings().len(), 2);
     assert_eq!(ct.entries(), [live]);
-    assert_eq!(report.conntrack_reconcile.map(|r| r.deleted), Some(0));
+    assert_eq!(fp.last_reconcile().map(|r| r.deleted), Some(0));
 }
 
 /// A partial render reuses a service's entries in the top-level chains from the last sync

@@ -265,7 +265,7 @@ async fn daemon_main(
         iptables_v6: Some(v6),
         sysctl,
         interfaces: interfaces.clone(),
-        conntrack: Some(Arc::new(crate::node::conntrack::ExecConntrack::new(exec.clone()))),
+        conntrack: Some(Arc::new(crate::node::conntrack::netlink::NetlinkConntrack::new(exec.clone()))),
         nfacct: Some(Arc::new(crate::node::nfacct::ExecNfacct::new(exec))),
         events: events.clone(),
     };

@@ -31,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
 use crate::node::conntrack::Conntrack;
+use crate::node::conntrack::cleaner::{CleanupRun, ConntrackCleaner};
 use crate::node::nfacct::Nfacct;
 use crate::node::sysctl::{
     ConntrackOutcome, READ_ONLY_SYSFS_MESSAGE, READ_ONLY_SYSFS_REASON, Sysctl, check_bridge_nf_call_iptables,
@@ -73,6 +74,8 @@ pub struct FamilyProxier {
     pub family: IpFamily,
     pub proxier: SharedProxier,
     pub sync_loop: SyncLoop,
+    /// Where the family's conntrack cleaner deletes stale entries (none: no cleanup).
+    pub conntrack: Option<Arc<dyn Conntrack>>,
 }
 
 /// The assembled daemon, ready to run.
@@ -163,9 +166,6 @@ impl Daemon {
             let progress_health = health.clone();
             let mut proxier = Proxier::with_recorder(cfg, ipt.clone(), deps.interfaces.clone(), Some(metrics.clone()))
                 .with_progress(Arc::new(move || progress_health.sync_progress(family)));
-            if let Some(ct) = &deps.conntrack {
-                proxier = proxier.with_conntrack(ct.clone());
-            }
             if let Some(nfacct) = &deps.nfacct {
                 proxier = proxier.with_nfacct(nfacct.clone());
             }
@@ -176,7 +176,7 @@ impl Daemon {
             let sync_loop = SyncLoop::new(proxier.clone(), ipt, settings.min_sync_period, settings.sync_period)?;
             // Upstream marks each family healthy when its loop starts.
             health.updated(family);
-            built.push(FamilyProxier { family, proxier, sync_loop });
+            built.push(FamilyProxier { family, proxier, sync_loop, conntrack: deps.conntrack.clone() });
         }
         if let Some(node) = node {
             health.sync_node(node);
@@ -215,10 +215,13 @@ impl Daemon {
 
     /// Runs the sync loops until `shutdown`; every sync is recorded in metrics and health,
     /// and successful ones update the service health checks (when given) from every
-    /// family's last published state, so no loop ever waits for another family's sync.
+    /// family's last published state, so no loop ever waits for another family's sync. Then
+    /// the sync's conntrack cleanup goes to the family's cleaner, which runs it beside later
+    /// syncs: metrics, `/healthz` and the next change never wait for it.
     ///
     /// Returns when every loop has stopped after `shutdown`, or with the first loop that
-    /// ended before it (the others are then stopped).
+    /// ended before it (the others are then stopped); a cleanup still running is told to
+    /// stop and not waited for.
     pub async fn run_loops(
         self,
         shutdown: CancellationToken,
@@ -226,7 +229,24 @@ impl Daemon {
     ) -> Result<(), tasks::TaskEnded> {
         let published = Arc::new(std::sync::Mutex::new(BTreeMap::<IpFamily, ServiceHealthState>::new()));
         let mut loops = tasks::Tasks::new();
+        let mut cleaners = Vec::new();
         for f in self.families {
+            let cleaner = match &f.conntrack {
+                Some(ct) => {
+                    let metrics = self.metrics.clone();
+                    let on_run = Arc::new(move |run: &CleanupRun| metrics.record_conntrack_cleanup(run));
+                    let rules = lock(&f.proxier).rule_writes();
+                    match ConntrackCleaner::start(f.family, ct.clone(), rules, on_run) {
+                        Ok(cleaner) => Some(Arc::new(cleaner)),
+                        Err(e) => {
+                            tracing::error!(family = %f.family, error = %e, "failed to start the conntrack cleanup; stale entries will not be deleted");
+                            None
+                        }
+                    }
+                }
+                None => None,
+            };
+            cleaners.extend(cleaner.clone());
             let health = self.health.clone();
             let metrics = self.metrics.clone();
             let service_health = service_health.clone();
@@ -246,15 +266,21 @@ impl Daemon {
                         sync_service_health(sh, all.values(), events.as_ref());
                     }
                 }
+                if let (Some(cleaner), Some(job)) = (&cleaner, &report.conntrack_cleanup) {
+                    cleaner.submit(job.clone());
+                }
             };
             let run = f.sync_loop.run(shutdown.clone(), on_report);
             loops.spawn(format!("sync loop ({family})"), async move { run.await.map_err(|e| e.to_string()) });
         }
+        let stop_cleaners = || cleaners.iter().for_each(|c| c.stop());
         while let Some(ended) = loops.next_ended().await {
             if !shutdown.is_cancelled() {
+                stop_cleaners();
                 return Err(ended);
             }
         }
+        stop_cleaners();
         Ok(())
     }
 }

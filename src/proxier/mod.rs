@@ -23,7 +23,7 @@ use crate::compat::FULL_SYNC_PERIOD;
 use crate::iptables::{self, FlushFlag, Iptables, RestoreCounters, RulePosition, Table};
 use crate::model::NamespacedName;
 use crate::model::chains::{self, NatChains};
-use crate::node::conntrack::{Conntrack, EndpointMatch, clean_stale_entries, reconcile};
+use crate::node::conntrack::cleaner::{CleanupJob, RuleWrites};
 use crate::node::nfacct::{Nfacct, NfacctCounters};
 use crate::tracker::{
     ChangeObserver, ChangeRecorder, EndpointsMap, EndpointsUpdateResult, HealthCheckNodePorts, LocalReadyEndpoints,
@@ -216,15 +216,10 @@ pub struct SyncReport {
     pub elapsed: Duration,
     /// What the service health-check servers need after this sync (set when it succeeded).
     pub service_health: Option<ServiceHealthState>,
-    /// The conntrack reconciler's run after this sync (1.32+), when it listed the table.
-    pub conntrack_reconcile: Option<ConntrackReconcile>,
-}
-
-/// One run of the conntrack reconciler, for its metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConntrackReconcile {
-    pub elapsed: Duration,
-    pub deleted: u64,
+    /// The conntrack cleanup this sync leaves (set when it succeeded and there is one): the
+    /// sync never runs it, its caller hands it to the family's cleaner, which runs it while
+    /// later syncs go on (`node::conntrack::cleaner`).
+    pub conntrack_cleanup: Option<CleanupJob>,
 }
 
 /// The health-check node ports and local ready endpoint counts of one family, as of the last
@@ -266,9 +261,9 @@ pub struct Proxier {
     /// sync is full again once this is [`FULL_SYNC_PERIOD`] old
     /// ([`Proxier::periodic_full_sync_due`]).
     last_full_sync: Option<Instant>,
-    /// Clears stale UDP (1.29: and SCTP) conntrack entries after successful syncs; `None` in
-    /// `render`.
-    conntrack: Option<Arc<dyn Conntrack>>,
+    /// Counts the restores begun; the conntrack cleaner reads it to tell whether the rules
+    /// changed while it listed the table.
+    rule_writes: Arc<RuleWrites>,
     /// Told after each step of a restore that succeeded (liveness).
     progress: Option<SyncProgress>,
     /// Creates the accounting objects the rules of 1.31 and later count with.
@@ -310,7 +305,7 @@ impl Proxier {
             kernel_chains: None,
             last_cleanup: None,
             last_full_sync: None,
-            conntrack: None,
+            rule_writes: RuleWrites::new(),
             progress: None,
             nfacct: None,
             nfacct_counters: NfacctCounters::default(),
@@ -330,12 +325,12 @@ impl Proxier {
         self.changes.clone()
     }
 
-    /// Clears stale conntrack entries through `conntrack` after successful syncs, as upstream
-    /// does at the end of `syncProxyRules`: per change up to 1.31, with the reconciler from
-    /// 1.32 (only after syncs in which a UDP Service's endpoints changed).
-    pub fn with_conntrack(mut self, conntrack: Arc<dyn Conntrack>) -> Self {
-        self.conntrack = Some(conntrack);
-        self
+    /// The count of restores this proxier has begun, for its conntrack cleaner: a successful
+    /// sync's report carries the cleanup it leaves (upstream deletes stale entries at the end
+    /// of `syncProxyRules`: per change up to 1.31, with the reconciler from 1.32), tagged
+    /// with the number of its restore.
+    pub fn rule_writes(&self) -> Arc<RuleWrites> {
+        self.rule_writes.clone()
     }
 
     /// Makes sure of the accounting objects through `nfacct` on every full sync, and names
@@ -430,7 +425,7 @@ impl Proxier {
             retry_after: None,
             elapsed: Duration::ZERO,
             service_health: None,
-            conntrack_reconcile: None,
+            conntrack_cleanup: None,
         };
 
         if !try_partial {
@@ -519,6 +514,7 @@ impl Proxier {
                 progress();
             }
         };
+        let rules = self.rule_writes.begin();
         let restoring = Instant::now();
         let counted = iptables::CountedInput::new(&rendered);
         let restored =
@@ -544,21 +540,16 @@ impl Proxier {
                     ports: self.services.health_check_node_ports(),
                     local_endpoints: self.endpoints.local_ready_endpoints(),
                 });
-                if let Some(ct) = &self.conntrack {
-                    let release = self.cfg.render.features.release;
-                    let family = self.cfg.render.family;
-                    if !release.has_conntrack_reconciler() {
-                        let (services, endpoints) = (&report.service_update, &report.endpoints_update);
-                        clean_stale_entries(ct.as_ref(), family, &self.services, services, endpoints);
-                    } else if report.endpoints_update.conntrack_cleanup_required {
-                        let reconciling = Instant::now();
-                        let matching = EndpointMatch::for_release(release);
-                        let summary = reconcile(ct.as_ref(), matching, family, &self.services, &self.endpoints);
-                        report.conntrack_reconcile = summary
-                            .listed
-                            .then(|| ConntrackReconcile { elapsed: reconciling.elapsed(), deleted: summary.deleted });
-                    }
-                }
+                // Only after the rules that stop new flows to removed endpoints are in place.
+                report.conntrack_cleanup = CleanupJob::after_sync(
+                    self.cfg.render.features.release,
+                    self.cfg.render.family,
+                    rules,
+                    &self.services,
+                    &self.endpoints,
+                    &report.service_update,
+                    &report.endpoints_update,
+                );
                 report.elapsed = started.elapsed();
                 // Upstream logs "SyncProxyRules complete" at -v 2 (debug here).
                 tracing::debug!(

@@ -81,6 +81,10 @@ pub struct TestProxier {
     pub proxier: Proxier,
     pub ipt: Arc<FakeIptables>,
     now: Instant,
+    /// Runs each sync's conntrack cleanup right after it (the daemon hands it to a cleaner).
+    conntrack: Option<Arc<dyn kube_proxy_rs::node::conntrack::Conntrack>>,
+    /// The cleanup run after the last sync, if it left one that did something.
+    pub last_cleanup: Option<kube_proxy_rs::node::conntrack::cleaner::CleanupRun>,
 }
 
 impl TestProxier {
@@ -104,13 +108,18 @@ impl TestProxier {
             Proxier::new(cfg, ipt.clone(), Arc::new(StaticInterfaces(upstream_interfaces()))).with_payload_recording();
         proxier.on_services_synced();
         proxier.on_endpoint_slices_synced();
-        TestProxier { proxier, ipt, now: Instant::now() }
+        TestProxier { proxier, ipt, now: Instant::now(), conntrack: None, last_cleanup: None }
     }
 
-    /// The same proxier, clearing stale conntrack entries through `ct`.
+    /// The same proxier, running each sync's conntrack cleanup through `ct` right after it.
     pub fn with_conntrack(self, ct: Arc<dyn kube_proxy_rs::node::conntrack::Conntrack>) -> Self {
-        let TestProxier { proxier, ipt, now } = self;
-        TestProxier { proxier: proxier.with_conntrack(ct), ipt, now }
+        TestProxier { conntrack: Some(ct), ..self }
+    }
+
+    /// The reconciler's run after the last sync, when it ran and listed the table.
+    #[allow(dead_code)]
+    pub fn last_reconcile(&self) -> Option<kube_proxy_rs::node::conntrack::cleaner::ConntrackReconcile> {
+        self.last_cleanup.as_ref().and_then(|run| run.reconcile())
     }
 
     pub fn add_services(&mut self, services: &[Service]) {
@@ -157,6 +166,10 @@ impl TestProxier {
                 if let Err(e) = &report.result {
                     panic!("sync failed: {e}\npayload:\n{}", report.payload.as_deref().unwrap_or_default());
                 }
+                self.last_cleanup = match (&self.conntrack, &report.conntrack_cleanup) {
+                    (Some(ct), Some(job)) => job.run(ct.as_ref()),
+                    _ => None,
+                };
                 *report
             }
             SyncOutcome::NotInitialized => panic!("proxier not initialized"),

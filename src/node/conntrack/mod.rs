@@ -25,10 +25,17 @@
 //! traffic until the entry times out, a failed sync would cost everyone.
 //!
 //! Releases 1.32 and later replace all of this with the reconciler in [`reconciler`], which
-//! lists the table ([`Conntrack::list_entries`]) and deletes what points a service at a
-//! backend that no longer serves it ([`Conntrack::delete_flows`]); the proxier picks the
-//! strategy by release.
+//! lists the table ([`Conntrack::list_entries`]) and deletes, in one batch, the entries that
+//! point a service at a backend that no longer serves it ([`Conntrack::delete_entries`]).
+//! The daemon talks netlink for both ([`netlink::NetlinkConntrack`], as upstream does from
+//! 1.32) and keeps the tool for the 1.29–1.31 requests, as those releases ran it.
+//!
+//! A sync never runs any of this itself: it leaves a [`cleaner::CleanupJob`] (what the sync
+//! made stale, in terms of its service and endpoint maps, not of its rules), and a per-family
+//! [`cleaner::ConntrackCleaner`] runs it beside later syncs ([`cleaner`]).
 
+pub mod cleaner;
+pub mod netlink;
 pub mod reconciler;
 
 use std::collections::{BTreeSet, HashSet};
@@ -43,7 +50,9 @@ use crate::model::ip::{format_ip, parse_ip_sloppy};
 use crate::model::{IpFamily, Protocol};
 use crate::tracker::{EndpointsUpdateResult, ServicePortMap, ServiceUpdateResult};
 
-pub use reconciler::{ConntrackEntry, EndpointMatch, FlowFilter, ReconcileSummary, reconcile};
+pub use reconciler::{
+    ConntrackEntry, EndpointMatch, FlowFilter, ReconcileSummary, ServingFrontends, reconcile, stale_flow_filters,
+};
 
 /// The conntrack tool (looked up in `PATH`, as upstream's `LookPath("conntrack")`).
 pub(crate) const CONNTRACK_PROGRAM: &str = "conntrack";
@@ -83,6 +92,10 @@ pub enum ConntrackError {
     /// Only from `FakeConntrack`.
     #[error("failed to delete {filter}: injected failure")]
     FlowsInjected { filter: Box<FlowFilter> },
+    #[error("failed to {action} {family} conntrack entries over netlink: {source}")]
+    Netlink { action: &'static str, family: IpFamily, source: std::io::Error },
+    #[error("failed to {action} {family} conntrack entries over netlink: {reason}")]
+    NetlinkMessage { action: &'static str, family: IpFamily, reason: String },
 }
 
 pub type Result<T, E = ConntrackError> = std::result::Result<T, E>;
@@ -197,8 +210,15 @@ pub trait Conntrack: Send + Sync {
     /// The `family` entries of `protocol` in the table (the reconciler of 1.32+).
     fn list_entries(&self, family: IpFamily, protocol: Protocol) -> Result<Vec<ConntrackEntry>>;
 
-    /// Deletes the entries `filter` matches; how many there were.
+    /// Deletes the entries `filter` matches; how many there were (one `conntrack -D`: a walk
+    /// of the whole table, whatever it matches; the reconciler's way up to this issue, kept
+    /// for the benchmark's comparison).
     fn delete_flows(&self, filter: &FlowFilter) -> Result<u64>;
+
+    /// Deletes exactly `entries` (of `family`), each by its original tuple, zone and (when
+    /// listed with it) id, as one batch. An entry already gone is counted, not an error;
+    /// `Err` only when the batch could not run at all.
+    fn delete_entries(&self, family: IpFamily, entries: &[ConntrackEntry]) -> Result<EntryDeletions>;
 
     /// Entries whose original destination is `ip` (upstream `ClearEntriesForIP`).
     fn clear_entries_for_ip(&self, ip: &str, protocol: Protocol) -> Result<()> {
@@ -232,6 +252,33 @@ impl<T: Conntrack + ?Sized> Conntrack for Arc<T> {
 
     fn delete_flows(&self, filter: &FlowFilter) -> Result<u64> {
         (**self).delete_flows(filter)
+    }
+
+    fn delete_entries(&self, family: IpFamily, entries: &[ConntrackEntry]) -> Result<EntryDeletions> {
+        (**self).delete_entries(family, entries)
+    }
+}
+
+/// What one [`Conntrack::delete_entries`] batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntryDeletions {
+    /// Entries deleted.
+    pub deleted: u64,
+    /// Entries that were no longer there (expired, deleted by someone else, or replaced by
+    /// a new entry with another id).
+    pub gone: u64,
+    /// Entries whose deletion failed for another reason.
+    pub failed: u64,
+    /// The first of those failures, for the log.
+    pub first_failure: Option<String>,
+}
+
+impl EntryDeletions {
+    fn fail(&mut self, why: impl FnOnce() -> String) {
+        self.failed += 1;
+        if self.first_failure.is_none() {
+            self.first_failure = Some(why());
+        }
     }
 }
 
@@ -334,9 +381,12 @@ impl Conntrack for ExecConntrack {
             source,
         })?;
         // The entries are on stdout, the "N flow entries have been shown" summary on stderr.
+        // Without `-f` the tool lists both families (1.4.7): keep the one asked for.
         let stdout = String::from_utf8_lossy(&output.stdout);
         if output.success() || output.combined().contains(NO_CONNECTION_TO_LIST) {
-            return Ok(reconciler::parse_entries(&stdout));
+            let mut entries = reconciler::parse_entries(&stdout);
+            entries.retain(|e| e.family() == family);
+            return Ok(entries);
         }
         Err(ConntrackError::ListFailed {
             family,
@@ -370,6 +420,29 @@ impl Conntrack for ExecConntrack {
             output: text.trim().to_owned(),
         })
     }
+
+    /// One `conntrack -D` per entry ([`ConntrackEntry::delete_args`]): the tool cannot delete
+    /// several entries in one run (`-R` with `-D` lines walks the table once per line), so
+    /// this costs a walk of the table per entry. Only the tests and the benchmark use it.
+    fn delete_entries(&self, _family: IpFamily, entries: &[ConntrackEntry]) -> Result<EntryDeletions> {
+        let mut outcome = EntryDeletions::default();
+        for entry in entries {
+            let cmd = self.command(entry.delete_args());
+            match self.exec.run(&cmd) {
+                Ok(output) => {
+                    let text = output.combined();
+                    match reconciler::deleted_count(&text) {
+                        Some(0) => outcome.gone += 1,
+                        Some(n) if output.success() => outcome.deleted += n,
+                        None if output.success() => outcome.deleted += 1,
+                        _ => outcome.fail(|| format!("`{cmd}` exited with {}: {}", exit_status(&output), text.trim())),
+                    }
+                }
+                Err(err) => outcome.fail(|| format!("failed to run `{cmd}`: {err}")),
+            }
+        }
+        Ok(outcome)
+    }
 }
 
 /// A [`Conntrack`] that records every request (valid or not) and holds a table of entries
@@ -383,6 +456,7 @@ impl Conntrack for ExecConntrack {
 #[derive(Debug, Default)]
 pub struct FakeConntrack {
     inner: Mutex<FakeState>,
+    released: std::sync::Condvar,
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -395,6 +469,13 @@ struct FakeState {
     list_fails: bool,
     flow_deletions: Vec<FlowFilter>,
     failing_flows: HashSet<FlowFilter>,
+    entry_deletions: Vec<Vec<ConntrackEntry>>,
+    failing_entries: HashSet<ConntrackEntry>,
+    expiring: Vec<ConntrackEntry>,
+    /// While set, listings and requests wait (a cleanup that takes its time).
+    held: bool,
+    /// Calls waiting on `held` right now.
+    waiting: usize,
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -467,6 +548,55 @@ impl FakeConntrack {
         self.lock().flow_deletions.clone()
     }
 
+    /// Every `delete_entries` batch so far, oldest first.
+    pub fn entry_deletions(&self) -> Vec<Vec<ConntrackEntry>> {
+        self.lock().entry_deletions.clone()
+    }
+
+    /// Makes every later deletion of `entry` (in a batch) fail.
+    pub fn fail_entry(&self, entry: ConntrackEntry) -> &Self {
+        self.lock().failing_entries.insert(entry);
+        self
+    }
+
+    /// Removes `entry` from the table right after the next listing (it expires before the
+    /// deletion reaches it).
+    pub fn expire_after_listing(&self, entry: ConntrackEntry) -> &Self {
+        self.lock().expiring.push(entry);
+        self
+    }
+
+    /// Makes listings and 1.29 requests wait until [`FakeConntrack::release`]: a cleanup
+    /// that is still running while a test looks at what else happens.
+    pub fn hold(&self) -> &Self {
+        self.lock().held = true;
+        self
+    }
+
+    /// Lets held and later calls run.
+    pub fn release(&self) {
+        self.lock().held = false;
+        self.released.notify_all();
+    }
+
+    /// How many calls are waiting on [`FakeConntrack::hold`] now.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting
+    }
+
+    /// Waits while held; returns the lock.
+    fn lock_when_released(&self) -> MutexGuard<'_, FakeState> {
+        let mut state = self.lock();
+        if state.held {
+            state.waiting += 1;
+            while state.held {
+                state = self.released.wait(state).unwrap_or_else(PoisonError::into_inner);
+            }
+            state.waiting -= 1;
+        }
+        state
+    }
+
     /// IPs cleared with [`ClearRequest::Ip`] (upstream fake's `ClearedIPs`).
     pub fn cleared_ips(&self) -> BTreeSet<String> {
         self.lock()
@@ -519,7 +649,7 @@ impl FakeConntrack {
 #[cfg(any(test, feature = "testing"))]
 impl Conntrack for FakeConntrack {
     fn clear(&self, request: &ClearRequest) -> Result<()> {
-        let mut state = self.lock();
+        let mut state = self.lock_when_released();
         state.calls.push(request.clone());
         request.args()?;
         if state.failing.contains(request) {
@@ -532,17 +662,15 @@ impl Conntrack for FakeConntrack {
     }
 
     fn list_entries(&self, family: IpFamily, protocol: Protocol) -> Result<Vec<ConntrackEntry>> {
-        let mut state = self.lock();
+        let mut state = self.lock_when_released();
         state.listings.push((family, protocol));
         if state.list_fails {
             return Err(ConntrackError::ListInjected { family, protocol });
         }
-        Ok(state
-            .entries
-            .iter()
-            .filter(|e| e.protocol == protocol && IpFamily::of(&e.orig_dst) == family)
-            .copied()
-            .collect())
+        let listed = state.entries.iter().filter(|e| e.protocol == protocol && e.family() == family).copied().collect();
+        let expiring = std::mem::take(&mut state.expiring);
+        state.entries.retain(|e| !expiring.contains(e));
+        Ok(listed)
     }
 
     fn delete_flows(&self, filter: &FlowFilter) -> Result<u64> {
@@ -554,6 +682,40 @@ impl Conntrack for FakeConntrack {
         let before = state.entries.len();
         state.entries.retain(|e| !filter.matches(e));
         Ok((before - state.entries.len()) as u64)
+    }
+
+    fn delete_entries(&self, family: IpFamily, entries: &[ConntrackEntry]) -> Result<EntryDeletions> {
+        let mut state = self.lock();
+        state.entry_deletions.push(entries.to_vec());
+        let mut outcome = EntryDeletions::default();
+        for entry in entries {
+            if state.failing_entries.contains(entry) {
+                outcome.fail(|| format!("deleting {entry}: injected failure"));
+                continue;
+            }
+            // As the kernel looks it up: by tuple and zone, and id when the deletion names one.
+            let found = state.entries.iter().position(|e| {
+                e.family() == family
+                    && (e.protocol, e.orig_src, e.orig_dst, e.orig_sport, e.orig_dport, e.zone)
+                        == (
+                            entry.protocol,
+                            entry.orig_src,
+                            entry.orig_dst,
+                            entry.orig_sport,
+                            entry.orig_dport,
+                            entry.zone,
+                        )
+                    && entry.id.is_none_or(|id| e.id == Some(id))
+            });
+            match found {
+                Some(i) => {
+                    state.entries.remove(i);
+                    outcome.deleted += 1;
+                }
+                None => outcome.gone += 1,
+            }
+        }
+        Ok(outcome)
     }
 }
 
@@ -590,17 +752,30 @@ pub fn clean_stale_entries(
     svc_result: &ServiceUpdateResult,
     ep_result: &EndpointsUpdateResult,
 ) -> CleanupSummary {
+    run_requests(ct, family, &stale_requests(family, services, svc_result, ep_result))
+}
+
+/// The deletions [`clean_stale_entries`] makes for one sync, in its order, without repeats.
+/// Pure: what a sync hands to the cleanup of 1.29–1.31.
+pub fn stale_requests(
+    family: IpFamily,
+    services: &ServicePortMap,
+    svc_result: &ServiceUpdateResult,
+    ep_result: &EndpointsUpdateResult,
+) -> Vec<ClearRequest> {
     let mut requests = stale_service_requests(family, services, svc_result, ep_result);
     requests.extend(stale_endpoint_requests(services, ep_result));
-
     let mut seen = HashSet::new();
+    requests.retain(|request| seen.insert(request.clone()));
+    requests
+}
+
+/// Runs `requests` in order; a failure is logged and counted and does not stop the rest.
+pub fn run_requests(ct: &dyn Conntrack, family: IpFamily, requests: &[ClearRequest]) -> CleanupSummary {
     let mut summary = CleanupSummary::default();
     for request in requests {
-        if !seen.insert(request.clone()) {
-            continue;
-        }
         summary.requests += 1;
-        if let Err(err) = ct.clear(&request) {
+        if let Err(err) = ct.clear(request) {
             summary.failures += 1;
             tracing::error!(family = %family, request = %request, error = %err, "failed to delete stale conntrack entries");
         }

@@ -16,17 +16,24 @@
 //! * 1.34 and later: the reply source IP *and port* are a serving endpoint's IP and target
 //!   port (PR #130542), so a changed target port also clears the old flows.
 //!
-//! The decision is the pure [`stale_flow_filters`]; [`reconcile`] lists through the
-//! [`Conntrack`] trait, decides, and deletes one [`FlowFilter`] at a time.
+//! The decision is pure: [`ServingFrontends`] is what a sync's service and endpoint maps say
+//! (built once per sync, small: the UDP frontends and their backends), and
+//! [`ServingFrontends::stale_entries`] picks the stale ones among the listed entries.
+//! [`reconcile`] lists once through the [`Conntrack`] trait and deletes exactly the stale
+//! entries it found in one batch ([`Conntrack::delete_entries`]), so its cost is one walk of
+//! the table plus the deletions, whatever the number of stale flows or endpoints. Upstream
+//! 1.35 lists and then passes one filter per stale orig-dst/reply-src pair to a second
+//! netlink dump that deletes what matches (two walks); the entries deleted are the same
+//! (every entry a filter would match is itself stale, and every stale entry makes a filter),
+//! except that an entry created between the listing and the deletion is never touched here.
+//! [`stale_flow_filters`] keeps upstream's filters, for the tests and the benchmark's
+//! comparison with the earlier way (one `conntrack -D` per filter).
 //!
-//! Why the `conntrack` tool and not netlink: upstream dumps and deletes over netlink
-//! (vishvananda/netlink); no maintained Rust crate in our tree does conntrack dumps, the 1.29
-//! strategy already runs this tool through [`crate::exec`], and one `conntrack -L` plus one
-//! `conntrack -D` per distinct filter (upstream's own filters: original destination and port,
-//! reply source and port) costs a handful of processes per sync. The output parser
-//! ([`parse_entries`]) is hand-written because nothing parses conntrack-tools' text format;
-//! it takes only what it needs, skips any line it does not understand, and is checked against
-//! the real tool in `tests/conntrack_real.rs`.
+//! The production [`Conntrack`] talks netlink ([`super::netlink`]); the text parser of
+//! `conntrack -L` ([`parse_entries`]) serves [`super::ExecConntrack`], which the tests and the
+//! benchmark use to compare with the tool. It is hand-written because nothing parses
+//! conntrack-tools' text format; it takes only what it needs, skips any line it does not
+//! understand, and is checked against the real tool in `tests/conntrack_real.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -54,7 +61,7 @@ impl EndpointMatch {
     }
 }
 
-/// One conntrack entry: its original and reply tuples.
+/// One conntrack entry: its original and reply tuples, and what else names it in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConntrackEntry {
     pub protocol: Protocol,
@@ -66,6 +73,70 @@ pub struct ConntrackEntry {
     pub reply_dst: IpAddr,
     pub reply_sport: u16,
     pub reply_dport: u16,
+    /// The conntrack zone (0 unless something put the flow in another): part of the key a
+    /// deletion looks the entry up by.
+    pub zone: u16,
+    /// The kernel's id of the entry, when the listing gave it (netlink does; the tool's text
+    /// does only with `-o id`): a deletion that names it removes this entry and never one
+    /// that replaced it under the same tuple after the listing.
+    pub id: Option<u32>,
+}
+
+impl ConntrackEntry {
+    /// A UDP/TCP/SCTP entry in zone 0 with no id (tests and fixtures).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        protocol: Protocol,
+        (orig_src, orig_sport): (IpAddr, u16),
+        (orig_dst, orig_dport): (IpAddr, u16),
+        (reply_src, reply_sport): (IpAddr, u16),
+        (reply_dst, reply_dport): (IpAddr, u16),
+    ) -> ConntrackEntry {
+        ConntrackEntry {
+            protocol,
+            orig_src,
+            orig_dst,
+            orig_sport,
+            orig_dport,
+            reply_src,
+            reply_dst,
+            reply_sport,
+            reply_dport,
+            zone: 0,
+            id: None,
+        }
+    }
+
+    /// The family of its original tuple.
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(&self.orig_dst)
+    }
+
+    /// The `conntrack` arguments (without the program) that delete this entry and no other:
+    /// its original tuple and zone. Each such run walks the whole table (the tool filters a
+    /// dump), which is why only the tests and the benchmark use it.
+    pub fn delete_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "-D".to_owned(),
+            "-p".to_owned(),
+            self.protocol.lower().to_owned(),
+            "-s".to_owned(),
+            self.orig_src.to_string(),
+            "-d".to_owned(),
+            self.orig_dst.to_string(),
+            "--sport".to_owned(),
+            self.orig_sport.to_string(),
+            "--dport".to_owned(),
+            self.orig_dport.to_string(),
+        ];
+        if self.zone != 0 {
+            args.extend(["-w".to_owned(), self.zone.to_string()]);
+        }
+        if self.family() == IpFamily::V6 {
+            args.extend(["-f".to_owned(), "ipv6".to_owned()]);
+        }
+        args
+    }
 }
 
 impl fmt::Display for ConntrackEntry {
@@ -78,7 +149,11 @@ impl fmt::Display for ConntrackEntry {
             SocketText(self.orig_dst, self.orig_dport),
             SocketText(self.reply_src, self.reply_sport),
             SocketText(self.reply_dst, self.reply_dport),
-        )
+        )?;
+        if self.zone != 0 {
+            write!(f, " zone {}", self.zone)?;
+        }
+        Ok(())
     }
 }
 
@@ -155,83 +230,145 @@ impl fmt::Display for FlowFilter {
 /// A serving endpoint as the reply source of an entry is compared with it.
 type Backend = (IpAddr, Option<u16>);
 
+/// The frontends of one family's UDP service ports that have serving endpoints, each with
+/// the backends that may answer it: everything the reconciler needs of a sync's state. Any
+/// proxier builds it from its service and endpoint maps after a successful sync
+/// ([`ServingFrontends::new`]); it holds only UDP frontends, so it is small, and a cleanup
+/// judging entries against it can run while later syncs change the maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServingFrontends {
+    family: IpFamily,
+    matching: EndpointMatch,
+    by_address: BTreeMap<(IpAddr, u16), BTreeSet<Backend>>,
+    by_node_port: BTreeMap<u16, BTreeSet<Backend>>,
+}
+
+impl ServingFrontends {
+    /// The frontends of `family`'s UDP service ports with at least one serving endpoint in
+    /// `services` and `endpoints` (the maps after a sync), compared as `matching` says.
+    pub fn new(
+        matching: EndpointMatch,
+        family: IpFamily,
+        services: &ServicePortMap,
+        endpoints: &EndpointsMap,
+    ) -> ServingFrontends {
+        // Two service ports cannot legitimately share a frontend; if a broken cluster makes
+        // them, the union keeps the entries either would keep (upstream keeps whichever map
+        // write came last).
+        let mut by_address: BTreeMap<(IpAddr, u16), BTreeSet<Backend>> = BTreeMap::new();
+        let mut by_node_port: BTreeMap<u16, BTreeSet<Backend>> = BTreeMap::new();
+        for (name, info) in services.iter() {
+            if info.protocol != Protocol::Udp {
+                continue;
+            }
+            let backends: BTreeSet<Backend> = endpoints
+                .get(name)
+                .into_iter()
+                .flatten()
+                .filter(|ep| ep.serving)
+                .filter_map(|ep| {
+                    let ip = parse_ip_sloppy(ep.ip())?;
+                    let port = match matching {
+                        EndpointMatch::Ip => None,
+                        EndpointMatch::IpAndPort => Some(u16::try_from(ep.port).ok()?),
+                    };
+                    Some((ip, port))
+                })
+                .collect();
+            // A service without serving endpoints has nothing to clean: its REJECT rule turns
+            // new packets away.
+            if backends.is_empty() {
+                continue;
+            }
+            if let Ok(port) = u16::try_from(info.port) {
+                let addresses =
+                    std::iter::once(&info.cluster_ip).chain(&info.load_balancer_ips).chain(&info.external_ips);
+                for ip in addresses.filter_map(|text| parse_ip_sloppy(text)) {
+                    by_address.entry((ip, port)).or_default().extend(backends.iter().copied());
+                }
+            }
+            if let Some(node_port) = u16::try_from(info.node_port).ok().filter(|p| *p != 0) {
+                by_node_port.entry(node_port).or_default().extend(backends.iter().copied());
+            }
+        }
+        ServingFrontends { family, matching, by_address, by_node_port }
+    }
+
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// How many frontends (service addresses and node ports) have serving endpoints.
+    pub fn len(&self) -> usize {
+        self.by_address.len() + self.by_node_port.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The reply source of `entry` as it is compared with the backends.
+    fn reply(&self, entry: &ConntrackEntry) -> Backend {
+        match self.matching {
+            EndpointMatch::Ip => (entry.reply_src, None),
+            EndpointMatch::IpAndPort => (entry.reply_src, Some(entry.reply_sport)),
+        }
+    }
+
+    /// Whether `entry` is one of this family's UDP entries to a frontend here that none of
+    /// its backends answers.
+    pub fn is_stale(&self, entry: &ConntrackEntry) -> bool {
+        self.filters_for(entry).next().is_some()
+    }
+
+    /// The stale entries among `entries`, in their order.
+    pub fn stale_entries(&self, entries: &[ConntrackEntry]) -> Vec<ConntrackEntry> {
+        entries.iter().filter(|e| self.is_stale(e)).copied().collect()
+    }
+
+    /// Upstream's filters that delete `entry` when it is stale: one for its address frontend,
+    /// one for its node port (none when it is not stale).
+    fn filters_for(&self, entry: &ConntrackEntry) -> impl Iterator<Item = FlowFilter> + '_ {
+        let relevant = entry.protocol == Protocol::Udp && entry.family() == self.family;
+        let reply = self.reply(entry);
+        let filter = move |orig_dst| FlowFilter {
+            family: self.family,
+            protocol: Protocol::Udp,
+            orig_dst,
+            orig_dport: entry.orig_dport,
+            reply_src: reply.0,
+            reply_sport: reply.1,
+        };
+        let by_address = relevant
+            && self.by_address.get(&(entry.orig_dst, entry.orig_dport)).is_some_and(|eps| !eps.contains(&reply));
+        let by_node_port =
+            relevant && self.by_node_port.get(&entry.orig_dport).is_some_and(|eps| !eps.contains(&reply));
+        let address = by_address.then(|| filter(Some(entry.orig_dst)));
+        let node_port = by_node_port.then(|| filter(None));
+        address.into_iter().chain(node_port)
+    }
+}
+
 /// The filters that delete the stale entries among `entries` (upstream `CleanStaleEntries`'s
 /// decision), sorted and without duplicates. Pure: `services` and `endpoints` are the
-/// family's maps after the sync, `entries` what was listed for `family`.
-pub(crate) fn stale_flow_filters(
+/// family's maps after the sync, `entries` what was listed for `family`. The entries they
+/// match are exactly [`ServingFrontends::stale_entries`].
+pub fn stale_flow_filters(
     matching: EndpointMatch,
     family: IpFamily,
     services: &ServicePortMap,
     endpoints: &EndpointsMap,
     entries: &[ConntrackEntry],
 ) -> Vec<FlowFilter> {
-    // Frontends of UDP service ports with serving endpoints. Two service ports cannot
-    // legitimately share a frontend; if a broken cluster makes them, the union keeps the
-    // entries either would keep (upstream keeps whichever map write came last).
-    let mut by_address: BTreeMap<(IpAddr, u16), BTreeSet<Backend>> = BTreeMap::new();
-    let mut by_node_port: BTreeMap<u16, BTreeSet<Backend>> = BTreeMap::new();
-    for (name, info) in services.iter() {
-        if info.protocol != Protocol::Udp {
-            continue;
-        }
-        let backends: BTreeSet<Backend> = endpoints
-            .get(name)
-            .into_iter()
-            .flatten()
-            .filter(|ep| ep.serving)
-            .filter_map(|ep| {
-                let ip = parse_ip_sloppy(ep.ip())?;
-                let port = match matching {
-                    EndpointMatch::Ip => None,
-                    EndpointMatch::IpAndPort => Some(u16::try_from(ep.port).ok()?),
-                };
-                Some((ip, port))
-            })
-            .collect();
-        // A service without serving endpoints has nothing to clean: its REJECT rule turns
-        // new packets away.
-        if backends.is_empty() {
-            continue;
-        }
-        if let Ok(port) = u16::try_from(info.port) {
-            let addresses = std::iter::once(&info.cluster_ip).chain(&info.load_balancer_ips).chain(&info.external_ips);
-            for ip in addresses.filter_map(|text| parse_ip_sloppy(text)) {
-                by_address.entry((ip, port)).or_default().extend(backends.iter().copied());
-            }
-        }
-        if let Some(node_port) = u16::try_from(info.node_port).ok().filter(|p| *p != 0) {
-            by_node_port.entry(node_port).or_default().extend(backends.iter().copied());
-        }
-    }
+    ServingFrontends::new(matching, family, services, endpoints).filters(entries)
+}
 
-    let mut filters = BTreeSet::new();
-    for entry in entries.iter().filter(|e| e.protocol == Protocol::Udp && IpFamily::of(&e.orig_dst) == family) {
-        let reply: Backend = match matching {
-            EndpointMatch::Ip => (entry.reply_src, None),
-            EndpointMatch::IpAndPort => (entry.reply_src, Some(entry.reply_sport)),
-        };
-        if by_address.get(&(entry.orig_dst, entry.orig_dport)).is_some_and(|eps| !eps.contains(&reply)) {
-            filters.insert(FlowFilter {
-                family,
-                protocol: Protocol::Udp,
-                orig_dst: Some(entry.orig_dst),
-                orig_dport: entry.orig_dport,
-                reply_src: reply.0,
-                reply_sport: reply.1,
-            });
-        }
-        if by_node_port.get(&entry.orig_dport).is_some_and(|eps| !eps.contains(&reply)) {
-            filters.insert(FlowFilter {
-                family,
-                protocol: Protocol::Udp,
-                orig_dst: None,
-                orig_dport: entry.orig_dport,
-                reply_src: reply.0,
-                reply_sport: reply.1,
-            });
-        }
+impl ServingFrontends {
+    /// Upstream's filters for the stale entries among `entries`, sorted, without duplicates.
+    pub fn filters(&self, entries: &[ConntrackEntry]) -> Vec<FlowFilter> {
+        let filters: BTreeSet<FlowFilter> = entries.iter().flat_map(|e| self.filters_for(e)).collect();
+        filters.into_iter().collect()
     }
-    filters.into_iter().collect()
 }
 
 /// What one [`reconcile`] did.
@@ -242,12 +379,15 @@ pub struct ReconcileSummary {
     pub listed: bool,
     /// UDP entries listed.
     pub entries: usize,
-    /// Deletions run (one per distinct filter).
-    pub filters: usize,
-    /// Entries the deletions removed.
+    /// Stale entries found (all deleted in one batch).
+    pub stale: usize,
+    /// Entries the batch removed.
     pub deleted: u64,
-    /// Deletions that failed (each was logged).
-    pub failures: usize,
+    /// Stale entries that were gone by the time the batch reached them (expired, or removed
+    /// by someone else): not failures.
+    pub gone: u64,
+    /// Deletions that failed (logged; a whole batch that could not run counts every entry).
+    pub failures: u64,
 }
 
 /// Lists the family's UDP entries, decides which are stale and deletes them (upstream
@@ -260,33 +400,57 @@ pub fn reconcile(
     services: &ServicePortMap,
     endpoints: &EndpointsMap,
 ) -> ReconcileSummary {
+    let frontends = ServingFrontends::new(matching, family, services, endpoints);
+    let Some(entries) = list_udp(ct, family) else {
+        return ReconcileSummary::default();
+    };
+    delete_stale(ct, &frontends, &entries)
+}
+
+/// The family's UDP entries, or `None` (logged) when they cannot be listed.
+pub(crate) fn list_udp(ct: &dyn Conntrack, family: IpFamily) -> Option<Vec<ConntrackEntry>> {
     tracing::debug!(family = %family, "reconciling conntrack entries");
-    let entries = match ct.list_entries(family, Protocol::Udp) {
-        Ok(entries) => entries,
+    match ct.list_entries(family, Protocol::Udp) {
+        Ok(entries) => Some(entries),
         Err(err) => {
             tracing::error!(family = %family, error = %err, "failed to list conntrack entries");
-            return ReconcileSummary::default();
+            None
         }
-    };
-    let filters = stale_flow_filters(matching, family, services, endpoints, &entries);
-    let mut summary = ReconcileSummary { listed: true, entries: entries.len(), ..Default::default() };
-    // A filter may match entries an earlier one removed; the tool then reports 0 for them,
-    // so every entry is counted once.
-    for filter in &filters {
-        summary.filters += 1;
-        match ct.delete_flows(filter) {
-            Ok(n) => summary.deleted += n,
+    }
+}
+
+/// Deletes the entries of `listed` that are stale by `frontends`, in one batch.
+pub(crate) fn delete_stale(
+    ct: &dyn Conntrack,
+    frontends: &ServingFrontends,
+    listed: &[ConntrackEntry],
+) -> ReconcileSummary {
+    let family = frontends.family();
+    let stale = frontends.stale_entries(listed);
+    let mut summary =
+        ReconcileSummary { listed: true, entries: listed.len(), stale: stale.len(), ..Default::default() };
+    if !stale.is_empty() {
+        match ct.delete_entries(family, &stale) {
+            Ok(outcome) => {
+                summary.deleted = outcome.deleted;
+                summary.gone = outcome.gone;
+                summary.failures = outcome.failed;
+                if let Some(first) = &outcome.first_failure {
+                    tracing::error!(family = %family, failed = outcome.failed, first = %first, "failed to delete stale conntrack entries");
+                }
+            }
             Err(err) => {
-                summary.failures += 1;
-                tracing::error!(family = %family, filter = %filter, error = %err, "failed to delete stale conntrack entries");
+                summary.failures = stale.len() as u64;
+                tracing::error!(family = %family, entries = stale.len(), error = %err, "failed to delete stale conntrack entries");
             }
         }
     }
     tracing::debug!(
         family = %family,
         entries = summary.entries,
-        filters = summary.filters,
+        stale = summary.stale,
         deleted = summary.deleted,
+        gone = summary.gone,
         failures = summary.failures,
         "finished reconciling conntrack entries"
     );
@@ -307,6 +471,7 @@ fn parse_entry(line: &str) -> Option<ConntrackEntry> {
     let mut ips: [[Option<IpAddr>; 2]; 2] = [[None; 2]; 2];
     let mut ports: [[Option<u16>; 2]; 2] = [[None; 2]; 2];
     let mut tuple = 0usize;
+    let (mut zone, mut id) = (0u16, None);
     for token in line.split_whitespace() {
         let Some((key, value)) = token.split_once('=') else {
             if protocol.is_none() && ips[0][0].is_none() {
@@ -324,6 +489,14 @@ fn parse_entry(line: &str) -> Option<ConntrackEntry> {
             "dst" => (1, true),
             "sport" => (0, false),
             "dport" => (1, false),
+            "zone" => {
+                zone = value.parse().ok()?;
+                continue;
+            }
+            "id" => {
+                id = Some(value.parse().ok()?);
+                continue;
+            }
             _ => continue,
         };
         // The second `src=` starts the reply tuple.
@@ -355,6 +528,8 @@ fn parse_entry(line: &str) -> Option<ConntrackEntry> {
         reply_dst: ips[1][1]?,
         reply_sport: ports[1][0]?,
         reply_dport: ports[1][1]?,
+        zone,
+        id,
     })
 }
 
@@ -453,6 +628,8 @@ mod tests {
             reply_dst: ip(CLIENT),
             reply_sport,
             reply_dport: 40000,
+            zone: 0,
+            id: None,
         }
     }
 
@@ -490,7 +667,44 @@ mod tests {
         let (deleted, kept, summary) = run(Release::V1_35, &table);
         assert_eq!(deleted, stale);
         assert_eq!(kept, live);
-        assert_eq!(summary, ReconcileSummary { listed: true, entries: 10, filters: 5, deleted: 5, failures: 0 });
+        assert_eq!(summary, ReconcileSummary { listed: true, entries: 10, stale: 5, deleted: 5, gone: 0, failures: 0 });
+        // One listing and one batch, whatever the number of stale flows and frontends.
+        assert_eq!(fake_runs(&table), (1, 1));
+    }
+
+    /// (listings, deletion batches) of one reconcile over `table`.
+    fn fake_runs(table: &[ConntrackEntry]) -> (usize, usize) {
+        let fake = FakeConntrack::new();
+        fake.set_entries(table.to_vec());
+        reconcile(&fake, EndpointMatch::IpAndPort, IpFamily::V4, &services(Release::V1_35), &endpoints());
+        (fake.listings().len(), fake.entry_deletions().len())
+    }
+
+    /// The entries the filters of upstream's way match are exactly the stale entries found.
+    #[test]
+    fn the_stale_entries_are_what_upstreams_filters_match() {
+        let mut table = Vec::new();
+        for (i, (dst, dport)) in
+            [(CLUSTER_IP, 53), (EXTERNAL_IP, 53), (LB_IP, 53), ("192.168.1.10", NODE_PORT), (CLUSTER_IP, 54)]
+                .into_iter()
+                .enumerate()
+        {
+            for (j, (reply, rport)) in
+                [(GONE, 5353), (SERVING, 5353), (SERVING, 5300), (CLUSTER_IP, 53)].into_iter().enumerate()
+            {
+                let mut e = udp(dst, dport, reply, rport);
+                e.orig_sport = 40000 + (i * 10 + j) as u16;
+                table.push(e);
+            }
+        }
+        for release in [Release::V1_33, Release::V1_35] {
+            let matching = EndpointMatch::for_release(release);
+            let frontends = ServingFrontends::new(matching, IpFamily::V4, &services(release), &endpoints());
+            let filters = frontends.filters(&table);
+            let by_filters: Vec<_> = table.iter().filter(|e| filters.iter().any(|f| f.matches(e))).copied().collect();
+            assert_eq!(frontends.stale_entries(&table), by_filters, "{release}");
+            assert!(!by_filters.is_empty());
+        }
     }
 
     #[test]
@@ -504,7 +718,7 @@ mod tests {
     fn a_service_without_serving_endpoints_is_skipped() {
         let (deleted, _, summary) = run(Release::V1_35, &[udp("172.30.1.2", 53, GONE, 5353)]);
         assert!(deleted.is_empty(), "{deleted:?}");
-        assert_eq!(summary.filters, 0);
+        assert_eq!(summary.stale, 0);
     }
 
     #[test]
@@ -592,12 +806,23 @@ mod tests {
         let fake = FakeConntrack::new();
         let table = vec![udp(CLUSTER_IP, 53, GONE, 5353), udp(EXTERNAL_IP, 53, GONE, 5353)];
         fake.set_entries(table.clone());
-        let filters =
-            stale_flow_filters(EndpointMatch::IpAndPort, IpFamily::V4, &services(Release::V1_35), &endpoints(), &table);
-        fake.fail_flows(filters[0].clone());
+        fake.fail_entry(table[0]);
         let summary = reconcile(&fake, EndpointMatch::IpAndPort, IpFamily::V4, &services(Release::V1_35), &endpoints());
-        assert_eq!(summary, ReconcileSummary { listed: true, entries: 2, filters: 2, deleted: 1, failures: 1 });
-        assert_eq!(fake.flow_deletions(), filters);
+        assert_eq!(summary, ReconcileSummary { listed: true, entries: 2, stale: 2, deleted: 1, gone: 0, failures: 1 });
+        assert_eq!(fake.entry_deletions(), std::slice::from_ref(&table));
+        assert_eq!(fake.entries(), [table[0]]);
+    }
+
+    #[test]
+    fn entries_gone_before_the_batch_are_not_failures() {
+        let fake = FakeConntrack::new();
+        let table = vec![udp(CLUSTER_IP, 53, GONE, 5353), udp(EXTERNAL_IP, 53, GONE, 5353)];
+        fake.set_entries(table.clone());
+        // The first one expires between the listing and the deletion.
+        fake.expire_after_listing(table[0]);
+        let summary = reconcile(&fake, EndpointMatch::IpAndPort, IpFamily::V4, &services(Release::V1_35), &endpoints());
+        assert_eq!(summary, ReconcileSummary { listed: true, entries: 2, stale: 2, deleted: 1, gone: 1, failures: 0 });
+        assert!(fake.entries().is_empty());
     }
 
     #[test]
@@ -623,6 +848,8 @@ conntrack v1.4.7 (conntrack-tools): 3 flow entries have been shown.
                     reply_dst: ip("fd00::50"),
                     reply_sport: 5353,
                     reply_dport: 40001,
+                    zone: 3,
+                    id: None,
                 },
                 ConntrackEntry {
                     orig_sport: 40002,
