@@ -60,6 +60,12 @@ impl Release {
         self >= Release::V1_34
     }
 
+    /// Whether the conntrack reconciler also cleans UDP service ports without serving
+    /// endpoints, every entry to them being stale (PR #139629, 1.37).
+    pub(crate) fn conntrack_reconciler_cleans_services_without_endpoints(self) -> bool {
+        self >= Release::V1_37
+    }
+
     /// Whether the conntrack reconciler's two metrics exist (1.33, PRs #130200, #130204).
     pub(crate) fn has_conntrack_reconciler_metrics(self) -> bool {
         self >= Release::V1_33

@@ -403,9 +403,8 @@ fn render_says_what_node_it_renders_for() {
     for backend in ["nft", "legacy"] {
         let ns = Netns::create(&format!("nfacct-{backend}"));
         // `--test` does not reach the kernel's check of the objects; a real restore does.
-        let restore = |payload: &str, flag: &str| {
-            ns.run_with_stdin(&[&format!("iptables-{backend}-restore"), flag], payload)
-        };
+        let restore =
+            |payload: &str, flag: &str| ns.run_with_stdin(&[&format!("iptables-{backend}-restore"), flag], payload);
         let out = restore(&absent, "--test");
         assert!(out.success(), "{backend}: --nfacct absent rejected on a node without nfacct: {}", out.combined());
         assert!(!restore(&present, "--noflush").success(), "{backend}: the default names objects this node lacks");

@@ -34,7 +34,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::reconciler::{ReconcileSummary, delete_stale, list_udp};
-use super::{CleanupSummary, ClearRequest, Conntrack, EndpointMatch, ServingFrontends, run_requests, stale_requests};
+use super::{CleanupSummary, ClearRequest, Conntrack, ServingFrontends, run_requests, stale_requests};
 use crate::compat::Release;
 use crate::model::IpFamily;
 use crate::tracker::{EndpointsMap, EndpointsUpdateResult, ServicePortMap, ServiceUpdateResult};
@@ -93,7 +93,7 @@ impl CleanupJob {
     ) -> Option<CleanupJob> {
         let work = if release.has_conntrack_reconciler() {
             CleanupWork::Reconcile {
-                frontends: ServingFrontends::new(EndpointMatch::for_release(release), family, services, endpoints),
+                frontends: ServingFrontends::for_release(release, family, services, endpoints),
                 required: endpoints_update.conntrack_cleanup_required,
             }
         } else {

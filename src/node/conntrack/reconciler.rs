@@ -252,6 +252,32 @@ impl ServingFrontends {
         services: &ServicePortMap,
         endpoints: &EndpointsMap,
     ) -> ServingFrontends {
+        ServingFrontends::build(matching, false, family, services, endpoints)
+    }
+
+    /// The frontends as `release`'s reconciler sees them: its endpoint comparison, and from
+    /// 1.37 (PR #139629) the UDP service ports without serving endpoints too, with no
+    /// backend, so every entry to them is stale: flows DNATed to endpoints that all went away
+    /// (a scale-down to zero) never meet the service's REJECT rule, and one-way senders keep
+    /// them alive forever.
+    pub fn for_release(
+        release: Release,
+        family: IpFamily,
+        services: &ServicePortMap,
+        endpoints: &EndpointsMap,
+    ) -> ServingFrontends {
+        let matching = EndpointMatch::for_release(release);
+        let unserved = release.conntrack_reconciler_cleans_services_without_endpoints();
+        ServingFrontends::build(matching, unserved, family, services, endpoints)
+    }
+
+    fn build(
+        matching: EndpointMatch,
+        include_unserved: bool,
+        family: IpFamily,
+        services: &ServicePortMap,
+        endpoints: &EndpointsMap,
+    ) -> ServingFrontends {
         // Two service ports cannot legitimately share a frontend; if a broken cluster makes
         // them, the union keeps the entries either would keep (upstream keeps whichever map
         // write came last).
@@ -275,9 +301,9 @@ impl ServingFrontends {
                     Some((ip, port))
                 })
                 .collect();
-            // A service without serving endpoints has nothing to clean: its REJECT rule turns
-            // new packets away.
-            if backends.is_empty() {
+            // Up to 1.36 a service without serving endpoints has nothing to clean: its REJECT
+            // rule turns new packets away (but not flows conntrack already DNATs, #139628).
+            if backends.is_empty() && !include_unserved {
                 continue;
             }
             if let Ok(port) = u16::try_from(info.port) {
@@ -719,6 +745,24 @@ mod tests {
         let (deleted, _, summary) = run(Release::V1_35, &[udp("172.30.1.2", 53, GONE, 5353)]);
         assert!(deleted.is_empty(), "{deleted:?}");
         assert_eq!(summary.stale, 0);
+    }
+
+    /// From 1.37 (PR #139629) a UDP service scaled to zero is reconciled with no backend: a
+    /// flow still DNATed to an endpoint that went away is deleted (the REJECT rule never sees
+    /// it), and so is any other entry to its frontends.
+    #[test]
+    fn from_1_37_a_service_without_serving_endpoints_loses_its_entries() {
+        let table = [udp("172.30.1.2", 53, GONE, 5353), udp("172.30.1.2", 53, "172.30.1.2", 53)];
+        for release in [Release::V1_35, Release::V1_36] {
+            let frontends = ServingFrontends::for_release(release, IpFamily::V4, &services(release), &endpoints());
+            assert!(frontends.stale_entries(&table).is_empty(), "{release}");
+        }
+        let frontends =
+            ServingFrontends::for_release(Release::V1_37, IpFamily::V4, &services(Release::V1_37), &endpoints());
+        assert_eq!(frontends.stale_entries(&table), table.to_vec());
+        // Served services are judged as before.
+        let served = [udp(CLUSTER_IP, 53, SERVING, 5353)];
+        assert!(frontends.stale_entries(&served).is_empty());
     }
 
     #[test]
