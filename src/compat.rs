@@ -237,6 +237,11 @@ pub(crate) enum Gate {
     /// The IPVS proxy mode may be used (KEP-5495; deprecated from 1.37, default on). No
     /// effect here (IPVS is not implemented); known so that clusters that set it start.
     KubeProxyIpvs,
+    /// `mode: nftables` may be used (alpha 1.29, beta and on 1.31, GA 1.33).
+    NfTablesProxyMode,
+    /// ServiceCIDR objects are watched; in nftables mode traffic to a ClusterIP inside them
+    /// that no Service holds is dropped (beta and off 1.31, GA and on 1.33, removed 1.36).
+    MultiCidrServiceAllocator,
 }
 
 /// A gate's stage in one release: its default and whether it is locked to it.
@@ -251,13 +256,15 @@ const ON: Option<Stage> = Some(Stage { default: true, locked: false });
 const GA: Option<Stage> = Some(Stage { default: true, locked: true });
 
 impl Gate {
-    pub const ALL: [Gate; 6] = [
+    pub const ALL: [Gate; 8] = [
         Gate::LoadBalancerIpMode,
         Gate::TopologyAwareHints,
         Gate::ServiceTrafficDistribution,
         Gate::PreferSameTrafficDistribution,
         Gate::AllowServiceExternalIps,
         Gate::KubeProxyIpvs,
+        Gate::NfTablesProxyMode,
+        Gate::MultiCidrServiceAllocator,
     ];
 
     /// The name `--feature-gates` uses.
@@ -269,6 +276,8 @@ impl Gate {
             Gate::PreferSameTrafficDistribution => "PreferSameTrafficDistribution",
             Gate::AllowServiceExternalIps => "AllowServiceExternalIPs",
             Gate::KubeProxyIpvs => "KubeProxyIPVS",
+            Gate::NfTablesProxyMode => "NFTablesProxyMode",
+            Gate::MultiCidrServiceAllocator => "MultiCIDRServiceAllocator",
         }
     }
 
@@ -281,7 +290,8 @@ impl Gate {
             Gate::LoadBalancerIpMode => release.minor >= 35,
             Gate::ServiceTrafficDistribution => release.minor >= 36,
             Gate::TopologyAwareHints | Gate::PreferSameTrafficDistribution => false,
-            Gate::AllowServiceExternalIps | Gate::KubeProxyIpvs => true,
+            Gate::AllowServiceExternalIps | Gate::KubeProxyIpvs | Gate::NfTablesProxyMode => true,
+            Gate::MultiCidrServiceAllocator => release.minor >= 36,
         }
     }
 
@@ -323,6 +333,18 @@ impl Gate {
                 ..=36 => None,
                 _ => ON,
             },
+            // Still GA and locked in the 1.35 specs; not seen removed since.
+            Gate::NfTablesProxyMode => match minor {
+                ..=30 => OFF,
+                31..=32 => ON,
+                _ => GA,
+            },
+            // "remove in 1.36"; GA but not locked in 1.33-1.35.
+            Gate::MultiCidrServiceAllocator => match minor {
+                ..=32 => OFF,
+                33..=35 => ON,
+                _ => None,
+            },
         }
     }
 
@@ -347,6 +369,10 @@ pub struct Features {
     pub prefer_same_traffic_distribution: bool,
     /// `spec.externalIPs` are programmed (`AllowServiceExternalIPs`, on unless turned off).
     pub allow_service_external_ips: bool,
+    /// `mode: nftables` is allowed (`NFTablesProxyMode`).
+    pub nftables_proxy_mode: bool,
+    /// ServiceCIDR objects are watched (`MultiCIDRServiceAllocator`).
+    pub multi_cidr_service_allocator: bool,
 }
 
 impl Default for Features {
@@ -366,6 +392,8 @@ impl Features {
             service_traffic_distribution: default(Gate::ServiceTrafficDistribution),
             prefer_same_traffic_distribution: default(Gate::PreferSameTrafficDistribution),
             allow_service_external_ips: default(Gate::AllowServiceExternalIps),
+            nftables_proxy_mode: default(Gate::NfTablesProxyMode),
+            multi_cidr_service_allocator: default(Gate::MultiCidrServiceAllocator),
         }
     }
 
@@ -398,6 +426,8 @@ impl Features {
             Gate::ServiceTrafficDistribution => &mut self.service_traffic_distribution,
             Gate::PreferSameTrafficDistribution => &mut self.prefer_same_traffic_distribution,
             Gate::AllowServiceExternalIps => &mut self.allow_service_external_ips,
+            Gate::NfTablesProxyMode => &mut self.nftables_proxy_mode,
+            Gate::MultiCidrServiceAllocator => &mut self.multi_cidr_service_allocator,
             Gate::KubeProxyIpvs => return None,
         })
     }

@@ -27,6 +27,31 @@ pub enum DetectLocal {
     InterfaceNamePrefix(String),
 }
 
+/// The proxy mode: which proxier writes the node's rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProxyMode {
+    /// iptables-restore into the nat, filter and mangle tables (the Linux default).
+    Iptables,
+    /// One nftables transaction per sync into the `kube-proxy` table of each family.
+    Nftables,
+}
+
+impl ProxyMode {
+    /// The mode as the config and `/proxyMode` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Iptables => "iptables",
+            ProxyMode::Nftables => "nftables",
+        }
+    }
+}
+
+impl std::fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `conntrack` with defaults applied; a zero means "leave the kernel's value alone".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConntrackSettings {
@@ -72,13 +97,18 @@ pub struct Settings {
     pub metrics_bind_address: Option<SocketAddr>,
     pub bind_address_hard_fail: bool,
     pub enable_profiling: bool,
-    /// The fwmark bit used for SNAT.
+    /// The proxy mode (`mode`; empty means iptables).
+    pub mode: ProxyMode,
+    /// The fwmark bit used for SNAT (the mode's section: `iptables.masqueradeBit` or
+    /// `nftables.masqueradeBit`).
     pub masquerade_bit: u32,
     /// `1 << masquerade_bit` as Go's `fmt.Sprintf("%#08x", ...)` writes it: eight zero-padded
     /// hex digits after `0x` (bit 14 → `0x00004000`).
     pub masquerade_mark: String,
+    /// The mode's `masqueradeAll` (upstream's conversion takes it from the mode's section).
     pub masquerade_all: bool,
     pub localhost_nodeports: bool,
+    /// The mode's `syncPeriod` and `minSyncPeriod` (upstream's conversion, as above).
     pub sync_period: Duration,
     pub min_sync_period: Duration,
     pub config_sync_period: Duration,
@@ -128,7 +158,23 @@ impl Settings {
             _ => DetectLocal::ClusterCidr(cluster_cidrs.clone()),
         };
         let hostname = cfg.hostname_override.trim();
-        let masquerade_bit = cfg.iptables.masquerade_bit.unwrap_or(DEFAULT_MASQUERADE_BIT).clamp(0, 31) as u32;
+        // Upstream's v1alpha1 conversion: the mode's own section decides these.
+        let mode = if cfg.mode == "nftables" { ProxyMode::Nftables } else { ProxyMode::Iptables };
+        let (masquerade_bit, masquerade_all, sync_period, min_sync_period) = match mode {
+            ProxyMode::Iptables => (
+                cfg.iptables.masquerade_bit,
+                cfg.iptables.masquerade_all,
+                cfg.iptables.sync_period,
+                cfg.iptables.min_sync_period,
+            ),
+            ProxyMode::Nftables => (
+                cfg.nftables.masquerade_bit,
+                cfg.nftables.masquerade_all,
+                cfg.nftables.sync_period,
+                cfg.nftables.min_sync_period,
+            ),
+        };
+        let masquerade_bit = masquerade_bit.unwrap_or(DEFAULT_MASQUERADE_BIT).clamp(0, 31) as u32;
         let non_negative = |v: Option<i32>| v.unwrap_or(0).max(0) as u32;
         let ct = &cfg.conntrack;
         let kubeconfig = cfg.client_connection.kubeconfig.trim();
@@ -140,12 +186,13 @@ impl Settings {
             metrics_bind_address: parse_host_port(&cfg.metrics_bind_address),
             bind_address_hard_fail: cfg.bind_address_hard_fail,
             enable_profiling: cfg.enable_profiling,
+            mode,
             masquerade_bit,
             masquerade_mark: masquerade_mark(masquerade_bit),
-            masquerade_all: cfg.iptables.masquerade_all,
+            masquerade_all,
             localhost_nodeports: cfg.iptables.localhost_node_ports.unwrap_or(true),
-            sync_period: std_duration(cfg.iptables.sync_period),
-            min_sync_period: std_duration(cfg.iptables.min_sync_period),
+            sync_period: std_duration(sync_period),
+            min_sync_period: std_duration(min_sync_period),
             config_sync_period: std_duration(cfg.config_sync_period),
             cluster_cidrs,
             detect_local,

@@ -498,9 +498,75 @@ fn field_errors_render_like_kubernetes() {
              \"NodeCIDR\", \"BridgeInterface\", \"InterfaceNamePrefix\", \"\""
     );
     cfg = defaulted();
-    cfg.mode = "nftables".into();
+    cfg.mode = "ipvs".into();
     let errs = cfg.validate().unwrap_err();
-    assert!(errs[0].to_string().contains("only the iptables proxy mode"), "{}", errs[0]);
+    assert!(errs[0].to_string().contains("iptables and nftables proxy modes"), "{}", errs[0]);
+}
+
+#[test]
+fn nftables_mode_takes_its_own_section_as_upstreams_conversion_does() {
+    let cfg = parse(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n\
+         iptables: {masqueradeBit: 3, masqueradeAll: false, syncPeriod: 10s, minSyncPeriod: 2s}\n\
+         nftables: {masqueradeBit: 9, masqueradeAll: true, syncPeriod: 20s, minSyncPeriod: 500ms}\n",
+    )
+    .unwrap();
+    let s = Settings::from_config(&cfg).unwrap();
+    assert_eq!(s.mode, ProxyMode::Nftables);
+    assert_eq!((s.masquerade_bit, s.masquerade_mark.as_str(), s.masquerade_all), (9, "0x00000200", true));
+    assert_eq!((s.sync_period, s.min_sync_period), (Duration::from_secs(20), Duration::from_millis(500)));
+
+    // The same file in iptables mode takes the iptables section.
+    let mut ipt = cfg.clone();
+    ipt.mode = String::new();
+    let s = Settings::from_config(&ipt).unwrap();
+    assert_eq!(s.mode, ProxyMode::Iptables);
+    assert_eq!((s.masquerade_bit, s.masquerade_all), (3, false));
+    assert_eq!((s.sync_period, s.min_sync_period), (Duration::from_secs(10), Duration::from_secs(2)));
+
+    // Defaults of the nftables section.
+    let mut bare = defaulted();
+    bare.mode = "nftables".into();
+    let s = Settings::from_config(&bare).unwrap();
+    assert_eq!((s.masquerade_bit, s.sync_period, s.min_sync_period), (14, Duration::from_secs(30), Duration::from_secs(1)));
+}
+
+#[test]
+fn nftables_section_is_validated_in_nftables_mode_only() {
+    let mut cfg = defaulted();
+    cfg.nftables.masquerade_bit = Some(40);
+    cfg.nftables.min_sync_period = GoDuration::from_secs(60);
+    assert!(cfg.validate().is_ok(), "iptables mode ignores the nftables section");
+    cfg.mode = "nftables".into();
+    let errs: Vec<String> = cfg.validate().unwrap_err().iter().map(ToString::to_string).collect();
+    assert!(errs.iter().any(|e| e.starts_with("nftables.masqueradeBit: Invalid value: 40")), "{errs:?}");
+    assert!(
+        errs.iter().any(|e| e.starts_with("nftables.syncPeriod") && e.contains("nftables.minSyncPeriod")),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn nftables_mode_needs_a_release_that_has_it_and_its_gate() {
+    let mut cfg = defaulted();
+    cfg.mode = "nftables".into();
+    for (version, ok) in [("1.29", false), ("1.30", false), ("1.31", true), ("1.33", true), ("1.37", true)] {
+        cfg.compatibility_version = version.into();
+        let result = cfg.validate();
+        assert_eq!(result.is_ok(), ok, "{version}: {result:?}");
+        if let Err(errs) = result {
+            assert!(errs[0].to_string().starts_with("mode: Invalid value: \"nftables\""), "{}", errs[0]);
+            assert!(errs[0].to_string().contains("1.31 and later"), "{}", errs[0]);
+        }
+    }
+    cfg.compatibility_version = "1.32".into();
+    cfg.feature_gates.insert("NFTablesProxyMode".into(), false);
+    let errs = cfg.validate().unwrap_err();
+    assert!(errs[0].to_string().contains("NFTablesProxyMode is disabled"), "{}", errs[0]);
+    // GA and locked from 1.33: turning it off is refused as for any locked gate.
+    cfg.compatibility_version = "1.33".into();
+    let errs = cfg.validate().unwrap_err();
+    assert!(errs[0].to_string().starts_with("featureGates"), "{}", errs[0]);
 }
 
 #[test]

@@ -66,6 +66,13 @@ impl FieldError {
     }
 }
 
+/// The fields each proxy mode's section shares (`iptables`, `nftables`).
+struct ModeSection {
+    masquerade_bit: Option<i32>,
+    sync_period: GoDuration,
+    min_sync_period: GoDuration,
+}
+
 impl KubeProxyConfiguration {
     /// Checks every field against upstream's validation rules, plus the ones this
     /// implementation adds (only the iptables mode). Call on a defaulted configuration.
@@ -141,6 +148,9 @@ impl KubeProxyConfiguration {
             ));
         }
         let features = self.features(&mut errs);
+        if let Some(features) = &features {
+            self.validate_mode_in_release(features, &mut errs);
+        }
         let release = features.map_or(Release::NEWEST, |f| f.release);
         validate_node_port_addresses(self.node_port_addresses.as_deref().unwrap_or(&[]), release, &mut errs);
         validate_show_hidden_metrics(&self.show_hidden_metrics_for_version, release, &mut errs);
@@ -165,44 +175,79 @@ impl KubeProxyConfiguration {
     fn validate_mode(&self, errs: &mut Vec<FieldError>) {
         match self.mode.as_str() {
             "" | "iptables" => {}
-            "ipvs" | "nftables" | "kernelspace" => errs.push(FieldError::invalid_str(
+            "nftables" => self.validate_mode_section("nftables", &self.nftables_section(), errs),
+            "ipvs" | "kernelspace" => errs.push(FieldError::invalid_str(
                 "mode",
                 &self.mode,
-                "this implementation provides only the iptables proxy mode; must be \"iptables\" or blank",
+                "this implementation provides the iptables and nftables proxy modes; must be \"iptables\", \"nftables\" or blank",
             )),
             _ => errs.push(FieldError::invalid_str(
                 "mode",
                 &self.mode,
-                "must be iptables or blank (blank means the best-available proxy [currently iptables])",
+                "must be iptables, nftables or blank (blank means the best-available proxy [currently iptables])",
             )),
+        }
+    }
+
+    /// `mode: nftables` in a release that has it with its gate on.
+    fn validate_mode_in_release(&self, features: &Features, errs: &mut Vec<FieldError>) {
+        if self.mode != "nftables" {
+            return;
+        }
+        if features.release < Release::V1_31 {
+            errs.push(FieldError::invalid_str(
+                "mode",
+                &self.mode,
+                format!(
+                    "nftables mode is provided for releases 1.31 and later (alpha and off by default in {}); set compatibilityVersion to 1.31 or later",
+                    features.release
+                ),
+            ));
+        } else if !features.nftables_proxy_mode {
+            errs.push(FieldError::invalid_str("mode", &self.mode, "feature gate NFTablesProxyMode is disabled"));
+        }
+    }
+
+    fn nftables_section(&self) -> ModeSection {
+        let nft = &self.nftables;
+        ModeSection { masquerade_bit: nft.masquerade_bit, sync_period: nft.sync_period, min_sync_period: nft.min_sync_period }
+    }
+
+    /// `masqueradeBit`, `syncPeriod` and `minSyncPeriod` of one mode's section.
+    fn validate_mode_section(&self, section: &str, values: &ModeSection, errs: &mut Vec<FieldError>) {
+        if let Some(bit) = values.masquerade_bit
+            && !(0..=31).contains(&bit)
+        {
+            errs.push(FieldError::invalid(&format!("{section}.masqueradeBit"), bit, "must be within the range [0, 31]"));
+        }
+        if values.sync_period.0 <= 0 {
+            errs.push(duration_error(&format!("{section}.syncPeriod"), values.sync_period, "must be greater than 0"));
+        }
+        if values.min_sync_period.0 < 0 {
+            errs.push(duration_error(
+                &format!("{section}.minSyncPeriod"),
+                values.min_sync_period,
+                "must be greater than or equal to 0",
+            ));
+        }
+        if values.min_sync_period > values.sync_period {
+            // Upstream reports this on syncPeriod, showing the minSyncPeriod value.
+            errs.push(duration_error(
+                &format!("{section}.syncPeriod"),
+                values.min_sync_period,
+                &format!("must be greater than or equal to {section}.minSyncPeriod"),
+            ));
         }
     }
 
     fn validate_iptables(&self, errs: &mut Vec<FieldError>) {
         let ipt = &self.iptables;
-        if let Some(bit) = ipt.masquerade_bit
-            && !(0..=31).contains(&bit)
-        {
-            errs.push(FieldError::invalid("iptables.masqueradeBit", bit, "must be within the range [0, 31]"));
-        }
-        if ipt.sync_period.0 <= 0 {
-            errs.push(duration_error("iptables.syncPeriod", ipt.sync_period, "must be greater than 0"));
-        }
-        if ipt.min_sync_period.0 < 0 {
-            errs.push(duration_error(
-                "iptables.minSyncPeriod",
-                ipt.min_sync_period,
-                "must be greater than or equal to 0",
-            ));
-        }
-        if ipt.min_sync_period > ipt.sync_period {
-            // Upstream reports this on syncPeriod, showing the minSyncPeriod value.
-            errs.push(duration_error(
-                "iptables.syncPeriod",
-                ipt.min_sync_period,
-                "must be greater than or equal to iptables.minSyncPeriod",
-            ));
-        }
+        let section = ModeSection {
+            masquerade_bit: ipt.masquerade_bit,
+            sync_period: ipt.sync_period,
+            min_sync_period: ipt.min_sync_period,
+        };
+        self.validate_mode_section("iptables", &section, errs);
     }
 
     fn validate_conntrack(&self, errs: &mut Vec<FieldError>) {

@@ -426,7 +426,12 @@ mod tests {
         let (mut service_map, mut endpoints_map) = (ServicePortMap::new(), EndpointsMap::new());
         service_map.update(&mut services);
         endpoints_map.update(&mut eps);
-        ServingFrontends::new(EndpointMatch::IpAndPort, IpFamily::V4, &service_map, &endpoints_map)
+        ServingFrontends::new(
+            crate::node::conntrack::EndpointMatch::IpAndPort,
+            IpFamily::V4,
+            &service_map,
+            &endpoints_map,
+        )
     }
 
     /// A flow from client port `port` to dns answered by `endpoint`.
