@@ -319,7 +319,8 @@ async fn slow_rig(sync_period: Duration) -> SlowRig {
     let n = node("node-a", &[], &["10.0.1.0/24"], &["198.18.0.2"]);
     let daemon = Daemon::build(&settings, "node-a".into(), Some(&n), &deps).expect("daemon");
     let set = daemon.proxier_set();
-    let recorder = kube_proxy_rs::daemon::sync_loop::lock(&daemon.families[0].proxier).recorder();
+    let recorder =
+        kube_proxy_rs::daemon::sync_loop::lock(daemon.families[0].iptables().expect("iptables mode")).recorder();
     let health_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let health_addr = health_listener.local_addr().expect("addr");

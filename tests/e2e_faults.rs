@@ -143,7 +143,7 @@ impl Testbed {
             self.server.objects::<EndpointSlice>().into_iter().filter(|s| watched(&s.metadata.labels)).collect();
         let mut out = BTreeMap::new();
         for f in &daemon.families {
-            let mut p = lock(&f.proxier);
+            let mut p = lock(f.iptables().expect("iptables mode"));
             for s in &services {
                 p.on_service_state(NamespacedName::of_object(&s.metadata), Some(s));
             }

@@ -72,7 +72,7 @@ fn with_version<T: kube::Resource>(mut obj: T, uid: &str, rv: &str) -> T {
 
 fn sync_all(d: &Daemon) {
     for f in &d.families {
-        lock(&f.proxier).sync(Instant::now());
+        lock(f.iptables().expect("iptables mode")).sync(Instant::now());
     }
 }
 

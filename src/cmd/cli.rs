@@ -331,7 +331,7 @@ pub struct RenderOptions {
     /// The node's `net.netfilter.nf_conntrack_tcp_be_liberal` is set (no INVALID-drop rule), as
     /// the config's `conntrack.tcpBeLiberal: true` also makes it (default: unset, unless `diff`
     /// reads the node).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = go_bool)]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub conntrack_tcp_be_liberal: Option<bool>,
 }
 

@@ -30,7 +30,9 @@ use std::path::PathBuf;
 pub(crate) use defaults::append_port_if_needed;
 pub use duration::{DurationError, GoDuration};
 pub use load::{DecodedConfig, StrictDecodingError, load_config_file, parse_config};
-pub use settings::{ClientSettings, ConntrackSettings, DetectLocal, LoggingSettings, ProxyMode, Settings, masquerade_mark};
+pub use settings::{
+    ClientSettings, ConntrackSettings, DetectLocal, LoggingSettings, ProxyMode, Settings, masquerade_mark,
+};
 pub use types::*;
 pub use validation::{FieldError, FieldErrorKind};
 pub(crate) use validation::{

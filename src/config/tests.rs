@@ -528,7 +528,10 @@ fn nftables_mode_takes_its_own_section_as_upstreams_conversion_does() {
     let mut bare = defaulted();
     bare.mode = "nftables".into();
     let s = Settings::from_config(&bare).unwrap();
-    assert_eq!((s.masquerade_bit, s.sync_period, s.min_sync_period), (14, Duration::from_secs(30), Duration::from_secs(1)));
+    assert_eq!(
+        (s.masquerade_bit, s.sync_period, s.min_sync_period),
+        (14, Duration::from_secs(30), Duration::from_secs(1))
+    );
 }
 
 #[test]

@@ -210,7 +210,11 @@ impl KubeProxyConfiguration {
 
     fn nftables_section(&self) -> ModeSection {
         let nft = &self.nftables;
-        ModeSection { masquerade_bit: nft.masquerade_bit, sync_period: nft.sync_period, min_sync_period: nft.min_sync_period }
+        ModeSection {
+            masquerade_bit: nft.masquerade_bit,
+            sync_period: nft.sync_period,
+            min_sync_period: nft.min_sync_period,
+        }
     }
 
     /// `masqueradeBit`, `syncPeriod` and `minSyncPeriod` of one mode's section.
@@ -218,7 +222,11 @@ impl KubeProxyConfiguration {
         if let Some(bit) = values.masquerade_bit
             && !(0..=31).contains(&bit)
         {
-            errs.push(FieldError::invalid(&format!("{section}.masqueradeBit"), bit, "must be within the range [0, 31]"));
+            errs.push(FieldError::invalid(
+                &format!("{section}.masqueradeBit"),
+                bit,
+                "must be within the range [0, 31]",
+            ));
         }
         if values.sync_period.0 <= 0 {
             errs.push(duration_error(&format!("{section}.syncPeriod"), values.sync_period, "must be greater than 0"));

@@ -388,6 +388,7 @@ async fn build_client(
             Ok(client) => return Some(client),
             Err(e) => tracing::error!(
                 error = %e,
+                kubeconfig = %kubeconfig.map_or_else(|| "(in-cluster)".into(), |p| p.display().to_string()),
                 retry_in = ?delay,
                 "failed to create the Kubernetes client (check the kubeconfig, its token file and CA); retrying"
             ),

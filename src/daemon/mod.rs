@@ -69,13 +69,50 @@ pub struct DaemonDeps {
     pub events: Arc<dyn EventRecorder>,
 }
 
-/// One family's proxier and its loop (before the loop runs).
+/// One family's proxier and its loop (before the loop runs), in the configured mode.
 pub struct FamilyProxier {
     pub family: IpFamily,
-    pub proxier: SharedProxier,
-    pub sync_loop: SyncLoop,
+    pub rules: ModeProxier,
     /// Where the family's conntrack cleaner deletes stale entries (none: no cleanup).
     pub conntrack: Option<Arc<dyn Conntrack>>,
+}
+
+/// A family's proxier and sync loop in one mode.
+pub enum ModeProxier {
+    Iptables { proxier: SharedProxier, sync_loop: SyncLoop<Proxier> },
+}
+
+impl FamilyProxier {
+    /// The iptables proxier (tests sync it by hand); `None` in another mode.
+    pub fn iptables(&self) -> Option<&SharedProxier> {
+        match &self.rules {
+            ModeProxier::Iptables { proxier, .. } => Some(proxier),
+        }
+    }
+
+    fn recorder(&self) -> Arc<crate::tracker::ChangeRecorder> {
+        match &self.rules {
+            ModeProxier::Iptables { proxier, .. } => lock(proxier).recorder(),
+        }
+    }
+
+    fn handle(&self) -> crate::daemon::runner::RunnerHandle {
+        match &self.rules {
+            ModeProxier::Iptables { sync_loop, .. } => sync_loop.handle(),
+        }
+    }
+
+    fn rule_writes(&self) -> Arc<crate::node::conntrack::cleaner::RuleWrites> {
+        match &self.rules {
+            ModeProxier::Iptables { proxier, .. } => lock(proxier).rule_writes(),
+        }
+    }
+
+    fn node_port_addresses(&self) -> NodePortAddresses {
+        match &self.rules {
+            ModeProxier::Iptables { proxier, .. } => lock(proxier).config().render.node_port_addresses.clone(),
+        }
+    }
 }
 
 /// The assembled daemon, ready to run.
@@ -176,7 +213,11 @@ impl Daemon {
             let sync_loop = SyncLoop::new(proxier.clone(), ipt, settings.min_sync_period, settings.sync_period)?;
             // Upstream marks each family healthy when its loop starts.
             health.updated(family);
-            built.push(FamilyProxier { family, proxier, sync_loop, conntrack: deps.conntrack.clone() });
+            built.push(FamilyProxier {
+                family,
+                rules: ModeProxier::Iptables { proxier, sync_loop },
+                conntrack: deps.conntrack.clone(),
+            });
         }
         if let Some(node) = node {
             health.sync_node(node);
@@ -200,13 +241,13 @@ impl Daemon {
                 let health = self.health.clone();
                 let metrics = self.metrics.clone();
                 let family = f.family;
-                let handle = f.sync_loop.handle();
+                let handle = f.handle();
                 let request: crate::k8s::SyncRequest = Arc::new(move || {
                     health.queued_update(family);
                     metrics.sync_queued(family, SystemTime::now());
                     handle.run();
                 });
-                let sink: Arc<dyn crate::k8s::ChangeSink> = lock(&f.proxier).recorder();
+                let sink: Arc<dyn crate::k8s::ChangeSink> = f.recorder();
                 (sink, request)
             })
             .collect();
@@ -235,7 +276,7 @@ impl Daemon {
                 Some(ct) => {
                     let metrics = self.metrics.clone();
                     let on_run = Arc::new(move |run: &CleanupRun| metrics.record_conntrack_cleanup(run));
-                    let rules = lock(&f.proxier).rule_writes();
+                    let rules = f.rule_writes();
                     match ConntrackCleaner::start(f.family, ct.clone(), rules, on_run) {
                         Ok(cleaner) => Some(Arc::new(cleaner)),
                         Err(e) => {
@@ -247,30 +288,21 @@ impl Daemon {
                 None => None,
             };
             cleaners.extend(cleaner.clone());
-            let health = self.health.clone();
-            let metrics = self.metrics.clone();
-            let service_health = service_health.clone();
-            let events = self.events.clone();
-            let published = published.clone();
+            let after_sync = AfterSync {
+                family: f.family,
+                health: self.health.clone(),
+                metrics: self.metrics.clone(),
+                service_health: service_health.clone(),
+                events: self.events.clone(),
+                published: published.clone(),
+                cleaner,
+            };
             let family = f.family;
-            let on_report = move |report: &SyncReport| {
-                metrics.record_sync(family, report, report.elapsed, SystemTime::now());
-                if report.result.is_err() {
-                    health.sync_failed(family);
-                }
-                if report.result.is_ok() {
-                    health.synced(family, report.elapsed);
-                    if let (Some(sh), Some(state)) = (&service_health, &report.service_health) {
-                        let mut all = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        all.insert(family, state.clone());
-                        sync_service_health(sh, all.values(), events.as_ref());
-                    }
-                }
-                if let (Some(cleaner), Some(job)) = (&cleaner, &report.conntrack_cleanup) {
-                    cleaner.submit(job.clone());
+            let run = match f.rules {
+                ModeProxier::Iptables { sync_loop, .. } => {
+                    sync_loop.run(shutdown.clone(), move |report: &SyncReport| after_sync.report(report))
                 }
             };
-            let run = f.sync_loop.run(shutdown.clone(), on_report);
             loops.spawn(format!("sync loop ({family})"), async move { run.await.map_err(|e| e.to_string()) });
         }
         let stop_cleaners = || cleaners.iter().for_each(|c| c.stop());
@@ -282,6 +314,66 @@ impl Daemon {
         }
         stop_cleaners();
         Ok(())
+    }
+}
+
+/// What the daemon does with each sync's report, in either mode: metrics, health, the
+/// service health checks (from every family's last published state, so no loop waits for
+/// another family's sync), then the sync's conntrack cleanup goes to the family's cleaner.
+struct AfterSync {
+    family: IpFamily,
+    health: Arc<ProxierHealthServer>,
+    metrics: Arc<Metrics>,
+    service_health: Option<Arc<ServiceHealthServer>>,
+    events: Arc<dyn EventRecorder>,
+    published: Arc<std::sync::Mutex<BTreeMap<IpFamily, ServiceHealthState>>>,
+    cleaner: Option<Arc<ConntrackCleaner>>,
+}
+
+/// The parts of a sync's report the daemon acts on, whichever mode wrote the rules.
+trait ReportView {
+    fn record_metrics(&self, metrics: &Metrics, family: IpFamily, now: SystemTime);
+    fn succeeded(&self) -> bool;
+    fn elapsed(&self) -> Duration;
+    fn service_health(&self) -> Option<&ServiceHealthState>;
+    fn conntrack_cleanup(&self) -> Option<&crate::node::conntrack::cleaner::CleanupJob>;
+}
+
+impl ReportView for SyncReport {
+    fn record_metrics(&self, metrics: &Metrics, family: IpFamily, now: SystemTime) {
+        metrics.record_sync(family, self, self.elapsed, now);
+    }
+    fn succeeded(&self) -> bool {
+        self.result.is_ok()
+    }
+    fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+    fn service_health(&self) -> Option<&ServiceHealthState> {
+        self.service_health.as_ref()
+    }
+    fn conntrack_cleanup(&self) -> Option<&crate::node::conntrack::cleaner::CleanupJob> {
+        self.conntrack_cleanup.as_ref()
+    }
+}
+
+impl AfterSync {
+    fn report(&self, report: &impl ReportView) {
+        let family = self.family;
+        report.record_metrics(&self.metrics, family, SystemTime::now());
+        if !report.succeeded() {
+            self.health.sync_failed(family);
+            return;
+        }
+        self.health.synced(family, report.elapsed());
+        if let (Some(sh), Some(state)) = (&self.service_health, report.service_health()) {
+            let mut all = self.published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            all.insert(family, state.clone());
+            sync_service_health(sh, all.values(), self.events.as_ref());
+        }
+        if let (Some(cleaner), Some(job)) = (&self.cleaner, report.conntrack_cleanup()) {
+            cleaner.submit(job.clone());
+        }
     }
 }
 
@@ -338,8 +430,7 @@ pub(crate) fn service_health_server(
     runtime: tokio::runtime::Handle,
     shutdown: CancellationToken,
 ) -> Arc<ServiceHealthServer> {
-    let npas: Vec<NodePortAddresses> =
-        daemon.families.iter().map(|f| lock(&f.proxier).config().render.node_port_addresses.clone()).collect();
+    let npas: Vec<NodePortAddresses> = daemon.families.iter().map(FamilyProxier::node_port_addresses).collect();
     let refs: Vec<&NodePortAddresses> = npas.iter().collect();
     let ips: Vec<IpAddr> = listen_addresses(&refs, interfaces);
     Arc::new(ServiceHealthServer::new(daemon.hostname.clone(), ips, daemon.health.clone(), runtime, shutdown))

@@ -1,6 +1,7 @@
-//! The sync loop of one proxier: a [`BoundedFrequencyRunner`] decides when
-//! [`Proxier::sync`] runs, and a [`CanaryMonitor`] forces a full resync when someone flushed
-//! our tables (upstream's `SyncLoop` plus `ipt.Monitor(..., forceSyncProxyRules, ...)`).
+//! The sync loop of one proxier: a [`BoundedFrequencyRunner`] decides when the proxier's
+//! sync runs, and in iptables mode a [`CanaryMonitor`] forces a full resync when someone
+//! flushed our tables (upstream's `SyncLoop` plus `ipt.Monitor(..., forceSyncProxyRules,
+//! ...)`). Either mode's proxier runs in it through [`LoopProxier`].
 //!
 //! Syncs run on the blocking pool (they exec iptables); the proxier sits behind a std
 //! `Mutex` that only its sync takes (and tests), never held across an `.await`. Event
@@ -22,6 +23,55 @@ use crate::iptables::{CHAIN_FORWARD, CHAIN_PREROUTING, Table};
 use crate::model::IpFamily;
 use crate::model::chains::{KUBE_FORWARD, KUBE_PROXY_CANARY, KUBE_SERVICES};
 use crate::proxier::{JUMP_CHAINS, Proxier, SyncOutcome, SyncReport};
+use crate::tracker::ChangeRecorder;
+
+/// What a sync loop needs of a proxier, whichever mode it writes.
+pub trait LoopProxier: Send + 'static {
+    /// What one sync reports (metrics, health, conntrack cleanup).
+    type Report: Send + Sync + 'static;
+    fn family(&self) -> IpFamily;
+    fn release(&self) -> Release;
+    /// Where event handlers record changes.
+    fn recorder(&self) -> Arc<ChangeRecorder>;
+    /// Makes the next sync full, reading the kernel first.
+    fn force_full_sync(&self);
+    /// Applies pending changes and writes the rules; `None` while Services or EndpointSlices
+    /// have not been listed yet (nothing was touched).
+    fn sync_once(&mut self, now: Instant) -> Option<Box<Self::Report>>;
+    /// When to retry after this sync (set when it failed).
+    fn retry_after(report: &Self::Report) -> Option<Duration>;
+}
+
+impl LoopProxier for Proxier {
+    type Report = SyncReport;
+
+    fn family(&self) -> IpFamily {
+        Proxier::family(self)
+    }
+
+    fn release(&self) -> Release {
+        self.config().render.features.release
+    }
+
+    fn recorder(&self) -> Arc<ChangeRecorder> {
+        Proxier::recorder(self)
+    }
+
+    fn force_full_sync(&self) {
+        Proxier::force_full_sync(self)
+    }
+
+    fn sync_once(&mut self, now: Instant) -> Option<Box<SyncReport>> {
+        match self.sync(now) {
+            SyncOutcome::Synced(report) => Some(report),
+            SyncOutcome::NotInitialized => None,
+        }
+    }
+
+    fn retry_after(report: &SyncReport) -> Option<Duration> {
+        report.retry_after
+    }
+}
 
 /// Syncs allowed back to back before `min_sync_period` applies (upstream's `burstSyncs`, up
 /// to 1.33; later releases pace syncs after completion, [`Pacing`]).
@@ -36,13 +86,15 @@ fn sync_pacing(release: Release) -> Pacing {
     if release.paces_syncs_after_completion() { Pacing::AfterCompletion } else { Pacing::Burst(BURST_SYNCS) }
 }
 
-/// A proxier and its sync loop (tests sync it by hand through the same lock).
-pub type SharedProxier = Arc<Mutex<Proxier>>;
+/// A proxier shared by its sync loop and whoever syncs it by hand (tests).
+pub type Shared<P> = Arc<Mutex<P>>;
+/// An iptables proxier and its sync loop.
+pub type SharedProxier = Shared<Proxier>;
 
 /// Locks the proxier; a poisoned lock (a panic mid-sync) still yields the proxier, and the
 /// next sync is forced full so the kernel is rewritten from a known state.
-pub fn lock(proxier: &Mutex<Proxier>) -> MutexGuard<'_, Proxier> {
-    proxier.lock().unwrap_or_else(|poisoned: PoisonError<MutexGuard<'_, Proxier>>| {
+pub fn lock<P: LoopProxier>(proxier: &Mutex<P>) -> MutexGuard<'_, P> {
+    proxier.lock().unwrap_or_else(|poisoned: PoisonError<MutexGuard<'_, P>>| {
         let guard = poisoned.into_inner();
         guard.force_full_sync();
         guard
@@ -63,14 +115,14 @@ pub(crate) fn sentinel_jumps() -> Vec<Sentinel> {
         .collect()
 }
 
-/// One proxier's runner and canary monitor.
-pub struct SyncLoop {
-    proxier: SharedProxier,
+/// One proxier's runner and, in iptables mode, its canary monitor.
+pub struct SyncLoop<P: LoopProxier> {
+    proxier: Shared<P>,
     runner: BoundedFrequencyRunner,
-    monitor: CanaryMonitor,
+    monitor: Option<CanaryMonitor>,
 }
 
-impl SyncLoop {
+impl SyncLoop<Proxier> {
     /// `min_sync_period` bounds how often syncs run; `sync_period` is how often the canary
     /// is checked (and the retry delay after a failed sync, which the proxier reports).
     pub fn new(
@@ -78,12 +130,27 @@ impl SyncLoop {
         iptables: Arc<dyn Iptables>,
         min_sync_period: Duration,
         sync_period: Duration,
-    ) -> Result<SyncLoop, RunnerError> {
+    ) -> Result<SyncLoop<Proxier>, RunnerError> {
         let pacing = sync_pacing(lock(&proxier).config().render.features.release);
         let runner = BoundedFrequencyRunner::new("sync-runner", min_sync_period, MAX_INTERVAL, pacing)?;
         let monitor = CanaryMonitor::new(iptables, KUBE_PROXY_CANARY, &CANARY_TABLES, sync_period)
             .with_sentinels(sentinel_jumps());
-        Ok(SyncLoop { proxier, runner, monitor })
+        Ok(SyncLoop { proxier, runner, monitor: Some(monitor) })
+    }
+}
+
+impl<P: LoopProxier> SyncLoop<P> {
+    /// A loop with no canary: syncs run at most every `min_sync_period` and at least every
+    /// `max_interval` (nftables mode: upstream's runner runs a sync every `syncPeriod` from
+    /// 1.34, every hour before).
+    pub fn without_canary(
+        proxier: Shared<P>,
+        min_sync_period: Duration,
+        max_interval: Duration,
+    ) -> Result<SyncLoop<P>, RunnerError> {
+        let pacing = sync_pacing(lock(&proxier).release());
+        let runner = BoundedFrequencyRunner::new("sync-runner", min_sync_period, max_interval, pacing)?;
+        Ok(SyncLoop { proxier, runner, monitor: None })
     }
 
     /// What event handlers call to ask for a sync.
@@ -91,7 +158,7 @@ impl SyncLoop {
         self.runner.handle()
     }
 
-    pub fn proxier(&self) -> SharedProxier {
+    pub fn proxier(&self) -> Shared<P> {
         self.proxier.clone()
     }
 
@@ -104,7 +171,7 @@ impl SyncLoop {
     pub async fn run(
         self,
         shutdown: CancellationToken,
-        on_report: impl Fn(&SyncReport) + Send + Sync + 'static,
+        on_report: impl Fn(&P::Report) + Send + Sync + 'static,
     ) -> Result<(), SyncPanicked> {
         let SyncLoop { proxier, runner, monitor } = self;
         // Cancelled on shutdown, or by this loop itself after a panicking sync.
@@ -118,15 +185,17 @@ impl SyncLoop {
         // Every log line of a family's syncs and canary checks carries the family (dual-stack
         // nodes run two of these loops side by side).
         let canary_span = tracing::info_span!("canary", family = %family);
-        let monitor_task = tokio::spawn(
-            monitor
-                .run(stop.clone(), move || {
-                    tracing::info!("iptables were flushed from outside; forcing a full resync");
-                    recorder.resync_from_kernel();
-                    handle.run();
-                })
-                .instrument(canary_span),
-        );
+        let monitor_task = monitor.map(|monitor| {
+            tokio::spawn(
+                monitor
+                    .run(stop.clone(), move || {
+                        tracing::info!("iptables were flushed from outside; forcing a full resync");
+                        recorder.resync_from_kernel();
+                        handle.run();
+                    })
+                    .instrument(canary_span),
+            )
+        });
         // The first sync happens as soon as the loop starts (and is full).
         runner.handle().run();
         let on_report = Arc::new(on_report);
@@ -139,15 +208,15 @@ impl SyncLoop {
                 async move {
                     let outcome = tokio::task::spawn_blocking(move || {
                         let _span = tracing::info_span!("sync", family = %family).entered();
-                        lock(&proxier).sync(Instant::now())
+                        lock(&proxier).sync_once(Instant::now())
                     })
                     .await;
                     match outcome {
-                        Ok(SyncOutcome::Synced(report)) => {
+                        Ok(Some(report)) => {
                             on_report(&report);
-                            report.retry_after
+                            P::retry_after(&report)
                         }
-                        Ok(SyncOutcome::NotInitialized) => None,
+                        Ok(None) => None,
                         Err(e) if e.is_panic() => {
                             let message = panic_message(e.into_panic());
                             tracing::error!(family = %family, panic = %message, "a sync panicked; stopping this family's sync loop");
@@ -163,7 +232,9 @@ impl SyncLoop {
                 }
             })
             .await;
-        if let Err(e) = monitor_task.await {
+        if let Some(task) = monitor_task
+            && let Err(e) = task.await
+        {
             tracing::error!(error = %e, "canary monitor task failed");
         }
         let panicked = panicked.lock().unwrap_or_else(PoisonError::into_inner).take();
