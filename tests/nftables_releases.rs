@@ -3,12 +3,17 @@
 //! fixtures do not cover (IPv6, masqueradeAll, no local-traffic detector, nodePortAddresses
 //! matching every address, interface detectors), checked on the table one sync leaves.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube_proxy_rs::compat::Release;
 use kube_proxy_rs::model::IpFamily;
-use kube_proxy_rs::nftables::Operation;
+use kube_proxy_rs::nftables::fake::FakeNftables;
+use kube_proxy_rs::nftables::{Family, NftError, Nftables, Operation, TableState, Transaction, sort_dump};
+use kube_proxy_rs::proxier::StaticInterfaces;
 use kube_proxy_rs::proxier::nftables::NftSyncOutcome;
+use kube_proxy_rs::proxier::nftables::NftablesProxier;
 use kube_proxy_rs::tracker::testing::{ep, slice, svc};
 
 use crate::support::harness::TEST_NODE_NAME;
@@ -478,5 +483,92 @@ fn nftables_shared_elements_are_reference_counted() {
         fp.delete_service(if first_gone == "svc1" { &b } else { &a });
         fp.sync();
         lacks(&fp.nft.dump(), "192.168.99.22");
+    }
+}
+
+/// A large full sync goes out in pieces, each accepted on its own, and ends in the same table;
+/// a piece that fails ends the sync, and the next (full) sync gets everything right.
+#[test]
+fn nftables_large_full_syncs_go_out_in_pieces() {
+    let cluster = |fp: &mut NftTestProxier| {
+        for i in 0..30 {
+            let ns = format!("ns{}", i % 3);
+            let name = format!("svc{i}");
+            let mut s = svc(&ns, &name).cluster_ip(&format!("172.30.0.{}", i + 1)).tcp("p80", 80);
+            if i % 4 == 0 {
+                s = s.affinity(Some(60));
+            }
+            fp.add_services(&[s.build()]);
+            fp.add_slices(&[slice(&ns, &name, "a")
+                .tcp("p80", 80)
+                .endpoint(ep(&format!("10.1.{i}.1")).node(TEST_NODE_NAME))
+                .endpoint(ep(&format!("10.1.{i}.2")))
+                .build()]);
+        }
+    };
+    for release in ["1.33", "1.37"].map(r) {
+        let mut whole = NftTestProxier::new(&FakeSettings::upstream(IpFamily::V4), release);
+        cluster(&mut whole);
+        whole.sync();
+        assert_eq!(whole.nft.runs().len(), 1);
+
+        let mut settings = FakeSettings::upstream(IpFamily::V4);
+        settings.chunk_operations = Some(25);
+        let mut pieces = NftTestProxier::new(&settings, release);
+        cluster(&mut pieces);
+        let report = pieces.sync();
+        let runs = pieces.nft.runs();
+        assert!(runs.len() > 4, "{release}: {} transactions", runs.len());
+        assert_eq!(report.stats.plan.transactions_before + 1, runs.len());
+        assert_eq!(report.stats.operations, runs.iter().map(|t| t.len()).sum::<usize>());
+        assert_eq!(pieces.sorted_dump(), whole.sorted_dump(), "{release}");
+
+        // The third piece fails: the sync fails, the next one is full and repairs.
+        let kernel = Arc::new(FailNth { inner: FakeNftables::new(Family::Ip), fail_at: 3, runs: AtomicUsize::new(0) });
+        let mut failing = NftTestProxier::new(&settings, release);
+        failing.proxier = NftablesProxier::new(
+            failing.proxier.config().clone(),
+            kernel.clone(),
+            Arc::new(StaticInterfaces(settings.interface_addrs.clone())),
+        )
+        .with_chunk_operations(25);
+        failing.proxier.on_service_cidrs(&settings.service_cidrs);
+        failing.proxier.on_services_synced();
+        failing.proxier.on_endpoint_slices_synced();
+        cluster(&mut failing);
+        let NftSyncOutcome::Synced(report) = failing.proxier.sync(failing.now) else { panic!("not initialized") };
+        assert!(report.result.is_err(), "{release}");
+        assert_eq!(kernel.runs.load(Ordering::Relaxed), 3);
+        let NftSyncOutcome::Synced(report) = failing.proxier.sync(failing.now) else { panic!("not initialized") };
+        assert!(report.result.is_ok() && report.full && report.stats.listed, "{release}");
+        assert_eq!(sort_dump(&kernel.inner.dump()), whole.sorted_dump(), "{release}");
+    }
+}
+
+/// A fake kernel whose `fail_at`-th transaction fails.
+struct FailNth {
+    inner: FakeNftables,
+    fail_at: usize,
+    runs: AtomicUsize,
+}
+
+impl Nftables for FailNth {
+    fn family(&self) -> Family {
+        self.inner.family()
+    }
+
+    fn run(&self, tx: &Transaction) -> Result<(), NftError> {
+        if self.runs.fetch_add(1, Ordering::Relaxed) + 1 == self.fail_at {
+            return Err(NftError::Rejected { family: Family::Ip, message: "injected".into() });
+        }
+        self.inner.run(tx)
+    }
+
+    fn check(&self, tx: &Transaction) -> Result<(), NftError> {
+        self.inner.check(tx)
+    }
+
+    fn list_table(&self) -> Result<Option<TableState>, NftError> {
+        self.inner.list_table()
     }
 }

@@ -39,6 +39,8 @@ pub struct FakeSettings {
     pub masquerade_mark: String,
     pub masquerade_all: bool,
     pub detect_local: bool,
+    /// Full syncs larger than this go out in pieces (`None`: the proxier's default).
+    pub chunk_operations: Option<usize>,
 }
 
 impl FakeSettings {
@@ -70,6 +72,7 @@ impl FakeSettings {
             masquerade_mark: "0x4000".into(),
             masquerade_all: false,
             detect_local: true,
+            chunk_operations: None,
         }
     }
 
@@ -155,9 +158,12 @@ impl NftTestProxier {
             hostname: settings.node_name.clone(),
             sync_period: Duration::from_secs(30),
         };
-        let proxier =
+        let mut proxier =
             NftablesProxier::new(cfg, nft.clone(), Arc::new(StaticInterfaces(settings.interface_addrs.clone())))
                 .with_transaction_recording();
+        if let Some(n) = settings.chunk_operations {
+            proxier = proxier.with_chunk_operations(n);
+        }
         proxier.on_service_cidrs(&settings.service_cidrs);
         proxier.on_services_synced();
         proxier.on_endpoint_slices_synced();

@@ -33,7 +33,7 @@ pub mod names;
 pub mod plan;
 pub mod render;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -47,7 +47,8 @@ use crate::nftables::{Family, NftError, Nftables, Operation, Transaction};
 use crate::node::conntrack::{Conntrack, EndpointMatch, clean_stale_entries, reconcile};
 use crate::proxier::{ConntrackReconcile, NetworkInterfaces, ServiceHealthState};
 use crate::tracker::{
-    ChangeObserver, ChangeRecorder, EndpointsMap, EndpointsUpdateResult, ServicePortMap, ServiceUpdateResult,
+    ChangeObserver, ChangeRecorder, EndpointsMap, EndpointsUpdateResult, LocalReadyEndpoints, ServicePortMap,
+    ServiceUpdateResult,
 };
 
 pub use plan::{PlanStats, StaleChains};
@@ -140,9 +141,14 @@ pub struct NftablesProxier {
     /// What the kernel holds for the service ports (valid while `needs_full_sync` is false).
     committed: plan::Committed,
     stale_chains: StaleChains,
+    /// Local ready endpoints per Service, for the health-check servers (kept up to date per
+    /// changed Service).
+    local_ready: LocalReadyEndpoints,
     last_full_sync: Option<Instant>,
     conntrack: Option<Arc<dyn Conntrack>>,
     record_transactions: bool,
+    /// Full syncs larger than this go out in several transactions.
+    chunk_operations: usize,
 }
 
 impl NftablesProxier {
@@ -172,15 +178,25 @@ impl NftablesProxier {
             needs_full_sync: true,
             committed: plan::Committed::default(),
             stale_chains: StaleChains::new(),
+            local_ready: LocalReadyEndpoints::new(),
             last_full_sync: None,
             conntrack: None,
             record_transactions: false,
+            chunk_operations: plan::CHUNK_OPERATIONS,
         }
     }
 
     /// Keeps each sync's transaction, as text, in its report (`render` and tests).
     pub fn with_transaction_recording(mut self) -> Self {
         self.record_transactions = true;
+        self
+    }
+
+    /// Sends full syncs larger than `operations` in several transactions, each ending where
+    /// the table is consistent (default [`plan::CHUNK_OPERATIONS`]; partial syncs are always
+    /// one transaction).
+    pub fn with_chunk_operations(mut self, operations: usize) -> Self {
+        self.chunk_operations = operations.max(1);
         self
     }
 
@@ -307,43 +323,94 @@ impl NftablesProxier {
             node_labels: self.node_labels.as_ref().unwrap_or(&empty_labels),
         };
         let stale_before = self.stale_chains.clone();
-        let planned = if full {
-            let cidrs = self.service_cidrs.lock().unwrap_or_else(PoisonError::into_inner).clone();
-            let interface_addrs = self.interface_addrs();
-            let base = render::base_table(
-                &self.cfg.render,
-                &render::BaseInput { service_cidrs: &cidrs, interface_addrs: &interface_addrs },
-            );
-            match self.nft.list_table() {
-                Ok(listed) => {
-                    stats.listed = true;
-                    let (plan, committed) =
-                        plan::plan_full(&self.cfg.render, base, listed, &mut self.stale_chains, &input, now);
-                    self.committed = committed;
-                    plan
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "failed to list the nftables table: writing every object");
-                    let (plan, committed) = plan::plan_blind(&self.cfg.render, base, &input);
-                    self.committed = committed;
-                    plan
-                }
+        // Large full syncs go out in pieces as they are planned (plan::CHUNK_OPERATIONS).
+        let nft = self.nft.clone();
+        let record = self.record_transactions;
+        let chunk_operations = self.chunk_operations;
+        let (family, object_comments) = (self.family_nft(), self.nft.object_comments());
+        let mut recorded = String::new();
+        let mut send = |tx: Transaction| {
+            if record {
+                recorded.push_str(&tx.text(family, object_comments));
             }
-        } else {
-            let changed: HashSet<NamespacedName> = service_update
-                .updated_services
-                .iter()
-                .chain(endpoints_update.updated_services.iter())
-                .cloned()
-                .collect();
-            plan::plan_partial(&self.cfg.render, &mut self.committed, &mut self.stale_chains, &input, &changed, now)
+            nft.run(&tx)
+        };
+        let changed = (!full).then(|| {
+            plan::ChangedServices::new(
+                service_update.updated_services.iter().chain(endpoints_update.updated_services.iter()).cloned(),
+            )
+        });
+        let planned = match &changed {
+            None => {
+                let cidrs = self.service_cidrs.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                let interface_addrs = self.interface_addrs();
+                let base = render::base_table(
+                    &self.cfg.render,
+                    &render::BaseInput { service_cidrs: &cidrs, interface_addrs: &interface_addrs },
+                );
+                let planned = match self.nft.list_table() {
+                    Ok(listed) => {
+                        stats.listed = true;
+                        plan::plan_full(
+                            &self.cfg.render,
+                            base,
+                            listed,
+                            &mut self.stale_chains,
+                            &input,
+                            now,
+                            Some(plan::Chunks { sink: &mut send, operations: chunk_operations }),
+                        )
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "failed to list the nftables table: writing every object");
+                        plan::plan_blind(
+                            &self.cfg.render,
+                            base,
+                            &input,
+                            Some(plan::Chunks { sink: &mut send, operations: chunk_operations }),
+                        )
+                    }
+                };
+                planned.map(|(plan, committed)| {
+                    self.committed = committed;
+                    plan
+                })
+            }
+            Some(changed) => Ok(plan::plan_partial(
+                &self.cfg.render,
+                &mut self.committed,
+                &mut self.stale_chains,
+                &input,
+                changed,
+                now,
+            )),
+        };
+        let planned = match planned {
+            Ok(plan) => plan,
+            Err(source) => {
+                // A piece of a large full sync failed: the rest was not sent.
+                let report = NftSyncReport {
+                    full,
+                    transaction: record.then_some(recorded),
+                    stats,
+                    service_update,
+                    endpoints_update,
+                    result: Ok(()),
+                    retry_after: None,
+                    elapsed: Duration::ZERO,
+                    stale_chain_cleanup_failed,
+                    service_health: None,
+                    conntrack_reconcile: None,
+                };
+                return NftSyncOutcome::Synced(Box::new(self.failed(report, source, stale_before, started)));
+            }
         };
         let totals = self.committed.totals;
         stats.services = self.services.len();
         stats.endpoints = totals.endpoints;
         stats.no_local_endpoints_internal = totals.no_local_endpoints_internal;
         stats.no_local_endpoints_external = totals.no_local_endpoints_external;
-        stats.operations = planned.tx.len();
+        stats.operations = planned.tx.len() + planned.stats.operations_sent_before;
         stats.plan = planned.stats;
         tracing::debug!(
             full,
@@ -353,8 +420,10 @@ impl NftablesProxier {
             operations = stats.operations,
             "reloading service nftables data"
         );
-        let transaction =
-            self.record_transactions.then(|| planned.tx.text(self.family_nft(), self.nft.object_comments()));
+        let transaction = record.then(|| {
+            recorded.push_str(&planned.tx.text(family, object_comments));
+            recorded
+        });
 
         let mut report = NftSyncReport {
             full,
@@ -376,28 +445,64 @@ impl NftablesProxier {
                 if full {
                     self.last_full_sync = Some(now);
                 }
+                self.refresh_local_ready(changed.as_ref());
                 report.service_health = Some(ServiceHealthState {
                     ports: self.services.health_check_node_ports(),
-                    local_endpoints: self.endpoints.local_ready_endpoints(),
+                    local_endpoints: self.local_ready.clone(),
                 });
                 report.conntrack_reconcile = self.clean_conntrack(&report);
                 report.elapsed = started.elapsed();
                 tracing::debug!(full, elapsed_ms = report.elapsed.as_millis() as u64, "sync complete");
             }
             Err(source) => {
-                tracing::error!(error = %source, retry_after = ?self.cfg.sync_period, "nftables sync failed");
-                // The trackers were drained and nothing was applied: only a full sync (which
-                // lists the table) can restore a known state. The chains this sync would
-                // have flushed were not.
-                self.needs_full_sync = true;
-                self.committed = plan::Committed::default();
-                self.stale_chains = stale_before;
-                report.result = Err(NftSyncError::Transaction { source });
-                report.retry_after = Some(self.cfg.sync_period);
-                report.elapsed = started.elapsed();
+                return NftSyncOutcome::Synced(Box::new(self.failed(report, source, stale_before, started)));
             }
         }
         NftSyncOutcome::Synced(Box::new(report))
+    }
+
+    /// Records a failed sync: nothing of the failing transaction was applied (pieces of a
+    /// large full sync sent before it were), the trackers were drained, so only a full sync
+    /// (which lists the table) can restore a known state; the chains it would have flushed
+    /// were not.
+    fn failed(
+        &mut self,
+        mut report: NftSyncReport,
+        source: NftError,
+        stale_before: StaleChains,
+        started: Instant,
+    ) -> NftSyncReport {
+        tracing::error!(error = %source, retry_after = ?self.cfg.sync_period, "nftables sync failed");
+        self.needs_full_sync = true;
+        self.committed = plan::Committed::default();
+        self.stale_chains = stale_before;
+        report.result = Err(NftSyncError::Transaction { source });
+        report.retry_after = Some(self.cfg.sync_period);
+        report.elapsed = started.elapsed();
+        report
+    }
+
+    /// Brings the local ready endpoint counts up to date: all of them after a full sync, those
+    /// of the `changed` Services after a partial one (as [`EndpointsMap`]'s
+    /// `local_ready_endpoints` counts them, without walking every endpoint of the cluster).
+    fn refresh_local_ready(&mut self, changed: Option<&plan::ChangedServices>) {
+        let Some(changed) = changed else {
+            self.local_ready = self.endpoints.local_ready_endpoints();
+            return;
+        };
+        self.local_ready.retain(|service, _| !changed.contains(service));
+        let mut ips: BTreeMap<&NamespacedName, std::collections::BTreeSet<&str>> = BTreeMap::new();
+        for (name, endpoints) in self.endpoints.iter() {
+            if !changed.contains(&name.service) {
+                continue;
+            }
+            for ep in endpoints.iter().filter(|ep| ep.ready && ep.is_local) {
+                ips.entry(&name.service).or_default().insert(ep.ip());
+            }
+        }
+        for (service, set) in ips {
+            self.local_ready.insert(service.clone(), set.len());
+        }
     }
 
     /// Deletes, in a transaction of their own, the stale chains unused for more than a second

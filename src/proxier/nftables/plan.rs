@@ -37,8 +37,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::model::{EndpointRef, NamespacedName, ServicePortName, ServicePortRef};
-use crate::nftables::table::{ElementState, SetState};
-use crate::nftables::{Chain, Element, Family, Operation, Rule, Set, SetKind, TableState, Transaction};
+use crate::nftables::table::{ElementState, SetState, set_references};
+use crate::nftables::{Chain, Element, Family, NftError, Operation, Rule, Set, SetKind, TableState, Transaction};
 use crate::tracker::{EndpointsMap, ServicePortMap};
 
 use super::names::{is_affinity_set, is_service_chain};
@@ -226,75 +226,153 @@ pub struct PlanStats {
     pub rules_added: usize,
     pub elements_added: usize,
     pub elements_deleted: usize,
+    /// Operations of a large full sync sent ahead of the plan's transaction, and in how many
+    /// transactions ([`CHUNK_OPERATIONS`]).
+    pub operations_sent_before: usize,
+    pub transactions_before: usize,
 }
 
-/// Operations grouped by the order they must apply in (see the module documentation).
-#[derive(Debug, Default)]
-struct Phases {
+/// Full syncs larger than this many operations are sent in several transactions, each
+/// ending where the table is consistent (see [`Phases`]): the proxier never holds the whole
+/// first sync of a large cluster in memory, and `nft` never parses it in one piece.
+pub const CHUNK_OPERATIONS: usize = 100_000;
+
+/// Receives the transactions of a full sync sent in pieces, in order.
+pub(crate) type ChunkSink<'a> = &'a mut dyn FnMut(Transaction) -> Result<(), NftError>;
+
+/// Where a full sync sends its pieces, and how large they get.
+pub(crate) struct Chunks<'a> {
+    pub sink: ChunkSink<'a>,
+    pub operations: usize,
+}
+
+/// The operations of a plan, in the order they apply.
+///
+/// A plan is groups, then a tail. The first group holds the fixed objects (full syncs), then
+/// one group per service port written: the chains and sets it adds, the chains it flushes
+/// early (those naming an affinity set that is re-created), the sets it re-creates, then each
+/// chain it writes, flushed and filled in one go. The tail comes last: element deletions and
+/// additions (this is where traffic moves to new chains), the flushes of stale chains (only
+/// old elements pointed at them), then set deletions (nothing refers to them any more).
+///
+/// Every group leaves the table consistent and the traffic as before, so a full sync can be
+/// cut into transactions between groups ([`CHUNK_OPERATIONS`]); partial syncs are one.
+struct Phases<'s> {
+    /// Groups finished and not sent yet.
+    done: Vec<Operation>,
+    // The group being built.
     prelude: Vec<Operation>,
-    add_objects: Vec<Operation>,
-    flushes: Vec<Operation>,
-    set_deletes: Vec<Operation>,
+    adds: Vec<Operation>,
+    early_flushes: Vec<Operation>,
+    set_recreate_deletes: Vec<Operation>,
     set_readds: Vec<Operation>,
-    rules: Vec<Operation>,
+    writes: Vec<Operation>,
+    // The tail.
     element_deletes: Vec<Operation>,
     element_adds: Vec<Operation>,
+    stale_flushes: Vec<Operation>,
+    set_deletes: Vec<Operation>,
     stats: PlanStats,
+    sink: Option<Chunks<'s>>,
+    /// Operations already sent through `sink`, in how many transactions.
+    sent: usize,
+    chunks: usize,
+    failed: Option<NftError>,
 }
 
-impl Phases {
-    fn into_plan(self) -> Plan {
-        let Phases {
-            prelude,
-            add_objects,
-            flushes,
-            set_deletes,
-            set_readds,
-            rules,
-            element_deletes,
-            element_adds,
-            stats,
-        } = self;
-        let mut ops = prelude;
-        ops.reserve(
-            add_objects.len()
-                + flushes.len()
-                + set_deletes.len()
-                + set_readds.len()
-                + rules.len()
-                + element_deletes.len()
-                + element_adds.len(),
-        );
-        for part in [add_objects, flushes, set_deletes, set_readds, rules, element_deletes, element_adds] {
+impl<'s> Phases<'s> {
+    fn new(sink: Option<Chunks<'s>>) -> Phases<'s> {
+        Phases {
+            done: Vec::new(),
+            prelude: Vec::new(),
+            adds: Vec::new(),
+            early_flushes: Vec::new(),
+            set_recreate_deletes: Vec::new(),
+            set_readds: Vec::new(),
+            writes: Vec::new(),
+            element_deletes: Vec::new(),
+            element_adds: Vec::new(),
+            stale_flushes: Vec::new(),
+            set_deletes: Vec::new(),
+            stats: PlanStats::default(),
+            sink,
+            sent: 0,
+            chunks: 0,
+            failed: None,
+        }
+    }
+
+    /// Closes the group being built; sends what is done when it is large enough.
+    fn end_group(&mut self) {
+        for part in [
+            &mut self.prelude,
+            &mut self.adds,
+            &mut self.early_flushes,
+            &mut self.set_recreate_deletes,
+            &mut self.set_readds,
+            &mut self.writes,
+        ] {
+            self.done.append(part);
+        }
+        if let Some(chunks) = self.sink.as_mut()
+            && self.done.len() >= chunks.operations
+            && self.failed.is_none()
+        {
+            {
+                let ops = std::mem::take(&mut self.done);
+                let n = ops.len();
+                match (chunks.sink)(Transaction { ops }) {
+                    Ok(()) => {
+                        self.sent += n;
+                        self.chunks += 1;
+                    }
+                    Err(e) => self.failed = Some(e),
+                }
+            }
+        }
+    }
+
+    fn into_plan(mut self) -> Result<Plan, NftError> {
+        self.end_group();
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let mut ops = self.done;
+        for part in [self.element_deletes, self.element_adds, self.stale_flushes, self.set_deletes] {
             ops.extend(part);
         }
-        Plan { tx: Transaction { ops }, stats }
+        self.stats.operations_sent_before = self.sent;
+        self.stats.transactions_before = self.chunks;
+        Ok(Plan { tx: Transaction { ops }, stats: self.stats })
     }
 
     fn add_chain(&mut self, chain: Chain) {
         self.stats.chains_added += 1;
-        self.add_objects.push(Operation::AddChain(chain));
+        self.adds.push(Operation::AddChain(chain));
     }
 
     fn add_set(&mut self, set: Set) {
         self.stats.sets_added += 1;
-        self.add_objects.push(Operation::AddSet(set));
+        self.adds.push(Operation::AddSet(set));
     }
 
-    /// Deletes a set and adds it again (its users are flushed in between, by the caller).
+    /// Deletes a set and adds it again; the chains naming it must be written with
+    /// `flush_early` in the same group.
     fn recreate_set(&mut self, held_kind: SetKind, set: Set) {
-        self.delete_set(held_kind, set.name.clone());
+        self.stats.sets_deleted += 1;
         self.stats.sets_added += 1;
+        self.set_recreate_deletes.push(Operation::DeleteSet { kind: held_kind, name: set.name.clone() });
         self.set_readds.push(Operation::AddSet(set));
     }
 
+    /// Deletes a set nothing refers to once the plan applied (in the tail).
     fn delete_set(&mut self, kind: SetKind, name: String) {
         self.stats.sets_deleted += 1;
         self.set_deletes.push(Operation::DeleteSet { kind, name });
     }
 
     /// Re-creates a chain whose declaration differs (another hook or priority, or a base
-    /// chain where a regular one should be): flushed, deleted and added before anything else.
+    /// chain where a regular one should be): flushed, deleted and added first in its group.
     fn recreate_chain(&mut self, chain: Chain, held_rules: usize, rules: Vec<RuleSpec>) {
         self.stats.chains_rewritten += 1;
         let name = chain.name.clone();
@@ -312,27 +390,31 @@ impl Phases {
         self.add_rules(&name, rules);
     }
 
-    /// Flushes an existing chain holding `held_rules` rules and writes `rules` into it.
-    fn rewrite_chain(&mut self, name: &str, held_rules: usize, rules: Vec<RuleSpec>) {
+    /// Flushes an existing chain holding `held_rules` rules and writes `rules` into it, in one
+    /// go unless `flush_early` (it names a set the group re-creates).
+    fn rewrite_chain(&mut self, name: &str, held_rules: usize, rules: Vec<RuleSpec>, flush_early: bool) {
         self.stats.chains_rewritten += 1;
         if held_rules > 0 {
-            self.flushes.push(Operation::FlushChain(name.to_string()));
+            let flush = Operation::FlushChain(name.to_string());
+            if flush_early { self.early_flushes.push(flush) } else { self.writes.push(flush) }
         }
         self.add_rules(name, rules);
     }
 
-    /// A per-service chain nothing uses any more: flushed now, deleted by a later sync.
-    fn stale_chain(&mut self, name: &str, held_rules: usize) {
+    /// A per-service chain nothing uses any more: flushed in the tail (or early, when it
+    /// names a set its group re-creates), deleted by a later sync.
+    fn stale_chain(&mut self, name: &str, held_rules: usize, flush_early: bool) {
         self.stats.chains_stale += 1;
         if held_rules > 0 {
-            self.flushes.push(Operation::FlushChain(name.to_string()));
+            let flush = Operation::FlushChain(name.to_string());
+            if flush_early { self.early_flushes.push(flush) } else { self.stale_flushes.push(flush) }
         }
     }
 
     fn add_rules(&mut self, chain: &str, rules: Vec<RuleSpec>) {
         self.stats.rules_added += rules.len();
         for r in rules {
-            self.rules.push(Operation::AddRule(Rule {
+            self.writes.push(Operation::AddRule(Rule {
                 chain: chain.to_string(),
                 text: r.text,
                 comment: r.comment.map(str::to_string),
@@ -429,6 +511,35 @@ impl SyncInput<'_> {
     }
 }
 
+/// The Services a partial sync rewrites. Usually a handful: looked up by comparing names
+/// (every service port is checked against it, and hashing each name cost more than the rest
+/// of a partial sync at 10k services); many go through a hash set.
+#[derive(Debug, Clone)]
+pub(crate) enum ChangedServices {
+    Few(Vec<NamespacedName>),
+    Many(HashSet<NamespacedName>),
+}
+
+impl ChangedServices {
+    const FEW: usize = 16;
+
+    pub(crate) fn new(names: impl IntoIterator<Item = NamespacedName>) -> ChangedServices {
+        let set: HashSet<NamespacedName> = names.into_iter().collect();
+        if set.len() <= Self::FEW {
+            ChangedServices::Few(set.into_iter().collect())
+        } else {
+            ChangedServices::Many(set)
+        }
+    }
+
+    pub(crate) fn contains(&self, name: &NamespacedName) -> bool {
+        match self {
+            ChangedServices::Few(names) => names.iter().any(|n| n == name),
+            ChangedServices::Many(set) => set.contains(name),
+        }
+    }
+}
+
 /// Plans a partial sync of the service ports of the `changed` Services against `committed`,
 /// which it brings up to date as if the transaction succeeded (drop it if it fails). New
 /// stale chains are added to `stale` with the time `now`.
@@ -437,11 +548,11 @@ pub(crate) fn plan_partial(
     committed: &mut Committed,
     stale: &mut StaleChains,
     input: &SyncInput<'_>,
-    changed: &HashSet<NamespacedName>,
+    changed: &ChangedServices,
     now: Instant,
 ) -> Plan {
     let family = cfg.family();
-    let mut phases = Phases::default();
+    let mut phases = Phases::new(None);
     let mut ports: Vec<ServicePortName> =
         input.services.keys().filter(|name| changed.contains(&name.service)).cloned().collect();
     ports.extend(
@@ -490,6 +601,7 @@ pub(crate) fn plan_partial(
             _ => committed.remove_memo(&name),
         }
         diff_fragments(&mut phases, family, old.unwrap_or_default(), new.unwrap_or_default(), stale, now);
+        phases.end_group();
     }
 
     let mut touched: Vec<_> = touched.into_iter().collect();
@@ -506,13 +618,14 @@ pub(crate) fn plan_partial(
             phases.add_element(store.kind(), store.name(), &key, after);
         }
     }
-    phases.into_plan()
+    // Nothing is sent ahead without a sink, so this cannot fail.
+    phases.into_plan().unwrap_or_default()
 }
 
 /// Chain and affinity-set operations that take one service port from `old` to `new` (empty
 /// when absent), the kernel holding exactly `old`.
 fn diff_fragments(
-    phases: &mut Phases,
+    phases: &mut Phases<'_>,
     family: Family,
     old: Fragment,
     new: Fragment,
@@ -522,7 +635,7 @@ fn diff_fragments(
     let old_sets: HashMap<&str, &AffinitySet> = old.affinity_sets.iter().map(|s| (s.name.as_str(), s)).collect();
     let new_sets: HashSet<&str> = new.affinity_sets.iter().map(|s| s.name.as_str()).collect();
     // The kernel keeps an existing set's timeout on `add`: a set whose timeout changed is
-    // deleted and added again, its users flushed before and written again after.
+    // deleted and added again, the chains naming it flushed before and written after.
     let mut recreated = false;
     for set in &new.affinity_sets {
         match old_sets.get(set.name.as_str()) {
@@ -544,7 +657,7 @@ fn diff_fragments(
     for ChainSpec { name, rules } in new.chains {
         match old_chains.remove(&name) {
             Some(held) if !recreated && held == rules => {}
-            Some(held) => phases.rewrite_chain(&name, held.len(), rules),
+            Some(held) => phases.rewrite_chain(&name, held.len(), rules, recreated),
             None => {
                 // New to this service port (maybe flushed and waiting for deletion: the add is
                 // then a no-op, and the chain is in use again).
@@ -556,14 +669,15 @@ fn diff_fragments(
     let mut gone: Vec<(String, Vec<RuleSpec>)> = old_chains.into_iter().collect();
     gone.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     for (name, held) in gone {
-        phases.stale_chain(&name, held.len());
+        phases.stale_chain(&name, held.len(), recreated);
         stale.entry(name).or_insert(now);
     }
 }
 
 /// Plans a full sync against `listed`, the kernel's table (`None`: there is none), and
 /// returns it with the memory it leaves once applied. `stale` becomes the per-service chains
-/// the kernel will hold unused (keeping the time of those already known).
+/// the kernel will hold unused (keeping the time of those already known). With a `sink`, a
+/// large plan is sent ahead in pieces ([`Phases`]); an error sending one ends the plan.
 pub(crate) fn plan_full(
     cfg: &NftRenderConfig,
     base: BaseTable,
@@ -571,45 +685,48 @@ pub(crate) fn plan_full(
     stale: &mut StaleChains,
     input: &SyncInput<'_>,
     now: Instant,
-) -> (Plan, Committed) {
+    sink: Option<Chunks<'_>>,
+) -> Result<(Plan, Committed), NftError> {
     let family = cfg.family();
     let mut listed = listed.unwrap_or_default();
-    let mut phases = Phases::default();
+    let mut phases = Phases::new(sink);
     if !listed.exists {
         phases.prelude.push(Operation::AddTable);
     }
 
-    // Fixed chains.
-    for spec in base.chains {
-        match listed.chains.remove(&spec.chain.name) {
-            // Another hook or priority (an older release's): re-create it, as upstream does
-            // once per process.
-            Some(held) if held.chain.base != spec.chain.base => {
-                phases.recreate_chain(spec.chain, held.rules.len(), spec.rules)
-            }
-            Some(held) if same_rules(&held.rules, &spec.rules) => {}
-            Some(held) => phases.rewrite_chain(&spec.chain.name, held.rules.len(), spec.rules),
-            None => phases.new_chain(spec.chain, spec.rules),
-        }
-    }
-
     // Fixed sets and maps; what the element stores hold is kept for the element diff.
     let mut held_stores: HashMap<String, SetState> = HashMap::new();
+    let mut recreated_base_set = false;
     for set in base.sets {
         match listed.sets.remove(&set.name) {
             Some(held) if held.set.kind == set.kind && held.set.set_type == set.set_type => {
                 held_stores.insert(set.name.clone(), held);
             }
-            // Another type, or a set where a map should be: re-created (its users are fixed
-            // chains, all written again when they hold other rules; the ones that do not
-            // keep the same references).
-            Some(held) => phases.recreate_set(held.set.kind, set),
+            // Another type, or a set where a map should be: re-created, and every fixed chain
+            // written again around it.
+            Some(held) => {
+                recreated_base_set = true;
+                phases.recreate_set(held.set.kind, set);
+            }
             None => phases.add_set(set),
+        }
+    }
+    // Fixed chains.
+    for spec in base.chains {
+        match listed.chains.remove(&spec.chain.name) {
+            // Another hook or priority (an older release's): re-created, as upstream does
+            // once per process.
+            Some(held) if held.chain.base != spec.chain.base => {
+                phases.recreate_chain(spec.chain, held.rules.len(), spec.rules)
+            }
+            Some(held) if !recreated_base_set && same_rules(&held.rules, &spec.rules) => {}
+            Some(held) => phases.rewrite_chain(&spec.chain.name, held.rules.len(), spec.rules, recreated_base_set),
+            None => phases.new_chain(spec.chain, spec.rules),
         }
     }
     match &base.nodeport_ips {
         None => {
-            if let Some(held) = held_stores.remove(NODEPORT_IPS).or_else(|| listed.sets.remove(NODEPORT_IPS)) {
+            if let Some(held) = listed.sets.remove(NODEPORT_IPS) {
                 phases.delete_set(held.set.kind, NODEPORT_IPS.to_string());
             }
         }
@@ -620,10 +737,14 @@ pub(crate) fn plan_full(
             phases.diff_elements(SetKind::Set, NODEPORT_IPS, held, desired);
         }
     }
+    phases.end_group();
 
-    // Service ports.
+    // Service ports, one group each.
     let mut committed = Committed::default();
     for (name, svc) in input.sorted_ports() {
+        if phases.failed.is_some() {
+            break;
+        }
         let endpoints = input.endpoints_of(name);
         let fragment = render::fragment(cfg, svc, endpoints, input.node_labels);
         phases.stats.services_computed += 1;
@@ -638,6 +759,7 @@ pub(crate) fn plan_full(
                         && held.set.timeout_secs == Some(set.timeout_secs) => {}
                 Some(held) => {
                     recreated = true;
+                    flush_users_early(&mut phases, &mut listed, &set.name);
                     phases.recreate_set(held.set.kind, set.declaration(family));
                 }
                 None => phases.add_set(set.declaration(family)),
@@ -649,10 +771,11 @@ pub(crate) fn plan_full(
                     phases.recreate_chain(Chain::regular(&name), held.rules.len(), rules)
                 }
                 Some(held) if !recreated && same_rules(&held.rules, &rules) => {}
-                Some(held) => phases.rewrite_chain(&name, held.rules.len(), rules),
+                Some(held) => phases.rewrite_chain(&name, held.rules.len(), rules, recreated),
                 None => phases.new_chain(Chain::regular(&name), rules),
             }
         }
+        phases.end_group();
     }
 
     // What the kernel holds and nothing uses: our per-service chains go stale, our affinity
@@ -662,12 +785,11 @@ pub(crate) fn plan_full(
     leftovers.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     for (name, held) in leftovers {
         if is_service_chain(&name) {
-            phases.stale_chain(&name, held.rules.len());
+            phases.stale_chain(&name, held.rules.len(), false);
             let since = stale.get(&name).copied().unwrap_or(now);
             new_stale.insert(name, since);
         }
     }
-    *stale = new_stale;
     let mut sets: Vec<_> = std::mem::take(&mut listed.sets).into_iter().collect();
     sets.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     for (name, held) in sets {
@@ -680,29 +802,48 @@ pub(crate) fn plan_full(
         let held = held_stores.remove(store.name()).map(|s| s.elements).unwrap_or_default();
         phases.diff_elements(store.kind(), store.name(), held, committed.index.desired(store));
     }
-    (phases.into_plan(), committed)
+    let plan = phases.into_plan()?;
+    *stale = new_stale;
+    Ok((plan, committed))
+}
+
+/// Flushes, early in the group, every listed chain whose rules name set `set` (about to be
+/// deleted and added again), and forgets their rules: written again or left stale later.
+fn flush_users_early(phases: &mut Phases<'_>, listed: &mut TableState, set: &str) {
+    for (name, chain) in listed.chains.iter_mut() {
+        if chain.rules.iter().any(|(text, _)| set_references(text).any(|s| s == set)) {
+            phases.early_flushes.push(Operation::FlushChain(name.clone()));
+            chain.rules.clear();
+        }
+    }
 }
 
 /// Plans a full sync without knowing what the kernel holds: every object written as
 /// upstream's full sync writes it (chains added and flushed, sets and maps flushed and
 /// filled). The per-service chains and affinity sets the kernel may hold besides stay unknown.
-pub(crate) fn plan_blind(cfg: &NftRenderConfig, base: BaseTable, input: &SyncInput<'_>) -> (Plan, Committed) {
+pub(crate) fn plan_blind(
+    cfg: &NftRenderConfig,
+    base: BaseTable,
+    input: &SyncInput<'_>,
+    sink: Option<Chunks<'_>>,
+) -> Result<(Plan, Committed), NftError> {
     let family = cfg.family();
-    let mut phases = Phases::default();
+    let mut phases = Phases::new(sink);
     phases.prelude.push(Operation::AddTable);
-    for spec in base.chains {
-        let name = spec.chain.name.clone();
-        phases.add_chain(spec.chain);
-        phases.rewrite_chain(&name, 1, spec.rules);
-    }
     for set in base.sets {
         let (kind, name) = (set.kind, set.name.clone());
         phases.add_set(set);
-        phases.flushes.push(Operation::FlushSet { kind, name });
+        phases.writes.push(Operation::FlushSet { kind, name });
+    }
+    for spec in base.chains {
+        let name = spec.chain.name.clone();
+        phases.add_chain(spec.chain);
+        phases.rewrite_chain(&name, 1, spec.rules, false);
     }
     match &base.nodeport_ips {
         None => {
-            // Added, then deleted: gone whether or not it was there.
+            // Added, then deleted (after the rules naming it are rewritten): gone whether or
+            // not it was there.
             phases.add_set(Set {
                 kind: SetKind::Set,
                 name: NODEPORT_IPS.to_string(),
@@ -719,9 +860,13 @@ pub(crate) fn plan_blind(cfg: &NftRenderConfig, base: BaseTable, input: &SyncInp
             }
         }
     }
+    phases.end_group();
 
     let mut committed = Committed::default();
     for (name, svc) in input.sorted_ports() {
+        if phases.failed.is_some() {
+            break;
+        }
         let endpoints = input.endpoints_of(name);
         let fragment = render::fragment(cfg, svc, endpoints, input.node_labels);
         phases.stats.services_computed += 1;
@@ -731,15 +876,16 @@ pub(crate) fn plan_blind(cfg: &NftRenderConfig, base: BaseTable, input: &SyncInp
         }
         for ChainSpec { name, rules } in fragment.chains {
             phases.add_chain(Chain::regular(&name));
-            phases.rewrite_chain(&name, 1, rules);
+            phases.rewrite_chain(&name, 1, rules, false);
         }
+        phases.end_group();
     }
     for store in BaseTable::stores(&cfg.features) {
         for (key, want) in committed.index.desired(store) {
             phases.add_element(store.kind(), store.name(), key, want);
         }
     }
-    (phases.into_plan(), committed)
+    Ok((phases.into_plan()?, committed))
 }
 
 /// The stale chains unused for more than [`STALE_CHAIN_DELAY`] at `now`, in name order.
