@@ -15,7 +15,8 @@
 //! * [`NftablesProxier`]: the sync orchestration, as [`crate::proxier::Proxier`] does it for
 //!   iptables: the same change recorder, full or partial per release, stale chains deleted a
 //!   sync after they went out of use (more than a second later), the same report for metrics,
-//!   health, health-check node ports and conntrack cleanup.
+//!   health, health-check node ports and conntrack cleanup (a [`CleanupJob`] the caller hands
+//!   to the family's cleaner: no conntrack work in the sync).
 //!
 //! The resulting table equals, object for object, what upstream's proxier leaves for the same
 //! state and release (checked against upstream's own unit-test fixtures in
@@ -44,8 +45,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use crate::compat::FULL_SYNC_PERIOD;
 use crate::model::{Cidr, IpFamily, NamespacedName};
 use crate::nftables::{Family, NftError, Nftables, Operation, Transaction};
-use crate::node::conntrack::{Conntrack, EndpointMatch, clean_stale_entries, reconcile};
-use crate::proxier::{ConntrackReconcile, NetworkInterfaces, ServiceHealthState};
+use crate::node::conntrack::cleaner::{CleanupJob, RuleWrites};
+use crate::proxier::{NetworkInterfaces, ServiceHealthState};
 use crate::tracker::{
     ChangeObserver, ChangeRecorder, EndpointsMap, EndpointsUpdateResult, LocalReadyEndpoints, ServicePortMap,
     ServiceUpdateResult,
@@ -121,8 +122,10 @@ pub struct NftSyncReport {
     pub stale_chain_cleanup_failed: bool,
     /// What the service health-check servers need after this sync (set when it succeeded).
     pub service_health: Option<ServiceHealthState>,
-    /// The conntrack reconciler's run after this sync (1.32+), when it listed the table.
-    pub conntrack_reconcile: Option<ConntrackReconcile>,
+    /// The conntrack cleanup this sync leaves (set when it succeeded and there is one), as
+    /// [`crate::proxier::SyncReport::conntrack_cleanup`]: the sync never runs it; its caller
+    /// hands it to the family's cleaner (`node::conntrack::cleaner`).
+    pub conntrack_cleanup: Option<CleanupJob>,
 }
 
 /// One IP family's nftables proxier.
@@ -145,7 +148,9 @@ pub struct NftablesProxier {
     /// changed Service).
     local_ready: LocalReadyEndpoints,
     last_full_sync: Option<Instant>,
-    conntrack: Option<Arc<dyn Conntrack>>,
+    /// Counts the syncs that began writing rules; the conntrack cleaner reads it to tell
+    /// whether the rules changed while it listed the table.
+    rule_writes: Arc<RuleWrites>,
     record_transactions: bool,
     /// Full syncs larger than this go out in several transactions.
     chunk_operations: usize,
@@ -180,7 +185,7 @@ impl NftablesProxier {
             stale_chains: StaleChains::new(),
             local_ready: LocalReadyEndpoints::new(),
             last_full_sync: None,
-            conntrack: None,
+            rule_writes: RuleWrites::new(),
             record_transactions: false,
             chunk_operations: plan::CHUNK_OPERATIONS,
         }
@@ -200,11 +205,11 @@ impl NftablesProxier {
         self
     }
 
-    /// Clears stale conntrack entries through `conntrack` after successful syncs, as
-    /// [`crate::proxier::Proxier::with_conntrack`].
-    pub fn with_conntrack(mut self, conntrack: Arc<dyn Conntrack>) -> Self {
-        self.conntrack = Some(conntrack);
-        self
+    /// The count of rule writes this proxier has begun, for its conntrack cleaner
+    /// ([`crate::proxier::Proxier::rule_writes`]): a successful sync's report carries the
+    /// cleanup it leaves, tagged with the number of its write.
+    pub fn rule_writes(&self) -> Arc<RuleWrites> {
+        self.rule_writes.clone()
     }
 
     pub fn config(&self) -> &NftProxierConfig {
@@ -323,6 +328,9 @@ impl NftablesProxier {
             node_labels: self.node_labels.as_ref().unwrap_or(&empty_labels),
         };
         let stale_before = self.stale_chains.clone();
+        // The rules may change from here on (a large full sync sends pieces while it plans);
+        // deleting stale chains above did not change them (nothing used those chains).
+        let rules = self.rule_writes.begin();
         // Large full syncs go out in pieces as they are planned (plan::CHUNK_OPERATIONS).
         let nft = self.nft.clone();
         let record = self.record_transactions;
@@ -400,7 +408,7 @@ impl NftablesProxier {
                     elapsed: Duration::ZERO,
                     stale_chain_cleanup_failed,
                     service_health: None,
-                    conntrack_reconcile: None,
+                    conntrack_cleanup: None,
                 };
                 return NftSyncOutcome::Synced(Box::new(self.failed(report, source, stale_before, started)));
             }
@@ -436,7 +444,7 @@ impl NftablesProxier {
             elapsed: Duration::ZERO,
             stale_chain_cleanup_failed,
             service_health: None,
-            conntrack_reconcile: None,
+            conntrack_cleanup: None,
         };
         let applied = if planned.tx.is_empty() { Ok(()) } else { self.nft.run(&planned.tx) };
         match applied {
@@ -450,7 +458,16 @@ impl NftablesProxier {
                     ports: self.services.health_check_node_ports(),
                     local_endpoints: self.local_ready.clone(),
                 });
-                report.conntrack_reconcile = self.clean_conntrack(&report);
+                // Only after the rules that stop new flows to removed endpoints are in place.
+                report.conntrack_cleanup = CleanupJob::after_sync(
+                    self.cfg.render.features.release,
+                    self.cfg.render.family,
+                    rules,
+                    &self.services,
+                    &self.endpoints,
+                    &report.service_update,
+                    &report.endpoints_update,
+                );
                 report.elapsed = started.elapsed();
                 tracing::debug!(full, elapsed_ms = report.elapsed.as_millis() as u64, "sync complete");
             }
@@ -538,24 +555,5 @@ impl NftablesProxier {
             tracing::error!(error = %e, "failed to get node IP addresses matching nodePortAddresses; services with node ports may not work as intended");
             Vec::new()
         })
-    }
-
-    /// Conntrack cleanup after a successful sync, as the iptables proxier does it: per change
-    /// up to 1.31, with the reconciler from 1.32 (when a UDP Service's endpoints changed).
-    fn clean_conntrack(&self, report: &NftSyncReport) -> Option<ConntrackReconcile> {
-        let ct = self.conntrack.as_ref()?;
-        let release = self.cfg.render.features.release;
-        let family = self.cfg.render.family;
-        if !release.has_conntrack_reconciler() {
-            clean_stale_entries(ct.as_ref(), family, &self.services, &report.service_update, &report.endpoints_update);
-            return None;
-        }
-        if !report.endpoints_update.conntrack_cleanup_required {
-            return None;
-        }
-        let reconciling = Instant::now();
-        let summary =
-            reconcile(ct.as_ref(), EndpointMatch::for_release(release), family, &self.services, &self.endpoints);
-        summary.listed.then(|| ConntrackReconcile { elapsed: reconciling.elapsed(), deleted: summary.deleted })
     }
 }
