@@ -163,6 +163,60 @@ impl Release {
 /// ([`Release::caps_computed_conntrack_max`]).
 pub(crate) const CONNTRACK_MAX_CAP: i64 = 1_048_576;
 
+/// nftables mode (issue 27): the releases it exists in and how its rules change between them
+/// (docs/upstream-versions.md, "nftables mode"). A block of its own so that it merges apart
+/// from the iptables-mode predicates above.
+impl Release {
+    /// The first release with nftables mode on by default (beta in 1.31, GA in 1.33).
+    pub const NFTABLES_OLDEST: Release = Release::V1_31;
+    /// The newest release whose nftables proxier is reproduced.
+    pub const NFTABLES_NEWEST: Release = Release::V1_37;
+
+    /// Every release nftables mode can emulate, oldest first.
+    pub fn nftables_all() -> impl Iterator<Item = Release> {
+        (Release::NFTABLES_OLDEST.minor..=Release::NFTABLES_NEWEST.minor).map(|minor| Release { minor })
+    }
+
+    /// Whether this release has nftables mode (the NFTablesProxyMode gate is on by default:
+    /// beta from 1.31, GA from 1.33; alpha and off before).
+    pub fn has_nftables_mode(self) -> bool {
+        self >= Release::NFTABLES_OLDEST
+    }
+
+    /// Whether the filter hooks are `filter-prerouting-pre-dnat` / `filter-output-pre-dnat`
+    /// at priority -110 and input/forward/output at 0 (PR #132456, 1.34), rather than
+    /// `filter-prerouting`, input, forward, output at -110 and `filter-output-post-dnat` at -90.
+    pub(crate) fn nft_pre_dnat_filter_chains(self) -> bool {
+        self >= Release::V1_34
+    }
+
+    /// Whether the ClusterIP masquerade rule of a service chain matches the service port
+    /// (`ip daddr CIP tcp dport 80 …`); from 1.34 it matches the address only (PR #131492).
+    pub(crate) fn nft_cluster_ip_masquerade_matches_port(self) -> bool {
+        self < Release::V1_34
+    }
+
+    /// Whether masquerading goes through the `mark-for-masquerade` chain with a
+    /// three-rule `masquerading` chain and per-endpoint hairpin rules; from 1.36 the mark is
+    /// set inline, hairpin traffic is matched by the `hairpin-connections` set, and one
+    /// `services` rule masquerades ClusterIP traffic (PRs #135800, #136499).
+    pub(crate) fn nft_has_mark_for_masquerade_chain(self) -> bool {
+        self < Release::V1_36
+    }
+
+    /// Whether services without session affinity DNAT straight from their service chain
+    /// through a `numgen` map, with endpoint chains only for ClientIP affinity (1.36).
+    pub(crate) fn nft_dnat_maps(self) -> bool {
+        self >= Release::V1_36
+    }
+
+    /// Whether a sync is full once the last full sync is an hour old, and a failed
+    /// stale-chain deletion makes the sync full (the `pkg/proxy/runner` move, 1.34).
+    pub(crate) fn nft_has_periodic_full_sync(self) -> bool {
+        self >= Release::V1_34
+    }
+}
+
 /// How old the last full sync may get before a sync is full again, where the release has
 /// periodic full syncs ([`Release::has_periodic_full_sync`]; upstream's
 /// `proxyutil.FullSyncPeriod`).

@@ -23,7 +23,7 @@ struct Cluster {
     zone: String,
 }
 
-fn random_service(rng: &mut Rng, i: usize, family: IpFamily) -> Service {
+pub(crate) fn random_service(rng: &mut Rng, i: usize, family: IpFamily) -> Service {
     let ns = format!("ns{}", i % 3);
     let name = format!("svc{i}");
     let ip = match family {
@@ -91,7 +91,7 @@ fn random_service(rng: &mut Rng, i: usize, family: IpFamily) -> Service {
     b.build()
 }
 
-fn random_slice(rng: &mut Rng, i: usize, part: usize, family: IpFamily) -> EndpointSlice {
+pub(crate) fn random_slice(rng: &mut Rng, i: usize, part: usize, family: IpFamily) -> EndpointSlice {
     let ns = format!("ns{}", i % 3);
     let name = format!("svc{i}");
     let mut s = slice(&ns, &name, &format!("{name}-{part}")).tcp("p80", 8080).udp("dns", 5353);

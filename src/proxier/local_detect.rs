@@ -60,6 +60,38 @@ impl LocalDetector {
         self.args(true)
     }
 
+    /// The nftables match for traffic from local pods (upstream `IfLocalNFT`), as rule text;
+    /// empty for the no-op detector. `ip saddr CIDR` (`ip6` for an IPv6 CIDR), `iifname
+    /// BRIDGE`, `iifname PREFIX*`.
+    ///
+    /// Upstream wrote `iif` for the interface modes until PR #134024 (1.35, cherry-picked
+    /// into 1.34 as #134118); `iif` takes an existing interface and no wildcard, so `nft`
+    /// rejected every transaction in InterfaceNamePrefix mode. `iifname` is written for every
+    /// release (docs/upstream-versions.md, nftables mode).
+    pub(crate) fn if_local_nft(&self) -> String {
+        self.nft(false)
+    }
+
+    /// The nftables match for traffic not from local pods (upstream `IfNotLocalNFT`):
+    /// `ip saddr != CIDR`, `iifname != BRIDGE`, `iifname != PREFIX*`; empty for the no-op
+    /// detector.
+    pub(crate) fn if_not_local_nft(&self) -> String {
+        self.nft(true)
+    }
+
+    fn nft(&self, negate: bool) -> String {
+        let not = if negate { "!= " } else { "" };
+        match self {
+            LocalDetector::NoOp => String::new(),
+            LocalDetector::Cidr(c) => {
+                let selector = if c.family() == IpFamily::V6 { "ip6" } else { "ip" };
+                format!("{selector} saddr {not}{c}")
+            }
+            LocalDetector::BridgeInterface(i) => format!("iifname {not}{i}"),
+            LocalDetector::InterfaceNamePrefix(p) => format!("iifname {not}{p}*"),
+        }
+    }
+
     fn args(&self, negate: bool) -> Vec<String> {
         let (flag, value) = match self {
             LocalDetector::NoOp => return Vec::new(),
@@ -92,6 +124,21 @@ mod tests {
         assert_eq!(d.if_local(), ["-i", "cbr0"]);
         assert!(LocalDetector::NoOp.if_local().is_empty());
         assert!(!LocalDetector::NoOp.is_implemented());
+    }
+
+    #[test]
+    fn nft_matches() {
+        let d = LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").unwrap());
+        assert_eq!(d.if_local_nft(), "ip saddr 10.0.0.0/8");
+        assert_eq!(d.if_not_local_nft(), "ip saddr != 10.0.0.0/8");
+        let d = LocalDetector::Cidr(Cidr::parse_sloppy("fd00:10::/64").unwrap());
+        assert_eq!(d.if_not_local_nft(), "ip6 saddr != fd00:10::/64");
+        let d = LocalDetector::InterfaceNamePrefix("veth".into());
+        assert_eq!(d.if_local_nft(), "iifname veth*");
+        assert_eq!(d.if_not_local_nft(), "iifname != veth*");
+        let d = LocalDetector::BridgeInterface("cbr0".into());
+        assert_eq!(d.if_not_local_nft(), "iifname != cbr0");
+        assert_eq!(LocalDetector::NoOp.if_local_nft(), "");
     }
 
     #[test]

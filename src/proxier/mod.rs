@@ -8,6 +8,7 @@
 
 pub mod cleanup;
 pub mod local_detect;
+pub mod nftables;
 pub mod nodeport_addresses;
 pub mod render;
 

@@ -10,6 +10,7 @@ pub mod e2e;
 pub mod harness;
 pub mod kubeadm;
 pub mod netns;
+pub mod nft;
 pub mod poll;
 pub mod rng;
 

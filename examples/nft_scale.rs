@@ -1,0 +1,275 @@
+//! The nftables proxier at scale, without a kernel: N synthetic services × M endpoints go
+//! through the trackers into an `NftablesProxier` whose "kernel" keeps the table in memory
+//! (`FakeNftables`, `--fake`) or only counts what it is sent (default, so the heap figures are
+//! the proxier's alone). Every transaction's `nft -f` text is made (`Transaction::text`, as
+//! the kernel runner makes it) and measured inside the timed sync; with `--fake` the fake's
+//! applying (a copy of the whole table per transaction, for atomicity) is inside it too.
+//!
+//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake] [--runs 3] [--partials 9]
+//!
+//! Each run (a fresh proxier): the first (full) sync; `--partials` one-endpoint changes (one
+//! endpoint of one Service gets another address; one partial sync each); a forced full sync
+//! against the table (with `--fake`: the table as listed, so nothing should be sent; without:
+//! no table, so everything is). Prints each run, then the medians over the runs (a run's
+//! partial figure is the median of its partial syncs).
+
+// An example reports on stdout.
+#![allow(clippy::print_stdout)]
+
+use std::alloc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use cap::Cap;
+use kube_proxy_rs::compat::{Features, Release};
+use kube_proxy_rs::model::{Cidr, IpFamily, NamespacedName};
+use kube_proxy_rs::nftables::fake::FakeNftables;
+use kube_proxy_rs::nftables::{Family, NftError, Nftables, TableState, Transaction};
+use kube_proxy_rs::proxier::StaticInterfaces;
+use kube_proxy_rs::proxier::local_detect::LocalDetector;
+use kube_proxy_rs::proxier::nftables::{NftProxierConfig, NftRenderConfig, NftSyncOutcome, NftablesProxier};
+use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
+use kube_proxy_rs::synthetic::{self, ClusterShape};
+
+#[global_allocator]
+static ALLOCATOR: Cap<alloc::System> = Cap::new(alloc::System, usize::MAX);
+
+/// A kernel that counts every transaction (operations, transactions, bytes of `nft -f` text)
+/// and hands it to the fake when there is one.
+struct Counting {
+    inner: Option<Arc<FakeNftables>>,
+    ops: AtomicUsize,
+    txs: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Nftables for Counting {
+    fn family(&self) -> Family {
+        Family::Ip
+    }
+
+    fn run(&self, tx: &Transaction) -> Result<(), NftError> {
+        self.ops.fetch_add(tx.len(), Ordering::Relaxed);
+        self.txs.fetch_add(1, Ordering::Relaxed);
+        // What the writer would send.
+        self.bytes.fetch_add(tx.text(Family::Ip, true).len(), Ordering::Relaxed);
+        match &self.inner {
+            Some(fake) => fake.run(tx),
+            None => Ok(()),
+        }
+    }
+
+    fn check(&self, tx: &Transaction) -> Result<(), NftError> {
+        match &self.inner {
+            Some(fake) => fake.check(tx),
+            None => Ok(()),
+        }
+    }
+
+    fn list_table(&self) -> Result<Option<TableState>, NftError> {
+        match &self.inner {
+            Some(fake) => fake.list_table(),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Counting {
+    /// (operations, transactions, bytes) since the last call.
+    fn take(&self) -> (usize, usize, usize) {
+        (
+            self.ops.swap(0, Ordering::Relaxed),
+            self.txs.swap(0, Ordering::Relaxed),
+            self.bytes.swap(0, Ordering::Relaxed),
+        )
+    }
+}
+
+fn mb(bytes: usize) -> String {
+    format!("{:.1}", bytes as f64 / 1e6)
+}
+
+/// VmHWM: the process's peak resident set.
+fn peak_rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<usize>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+/// One sync's figures.
+#[derive(Clone, Copy, Debug, Default)]
+struct Phase {
+    elapsed: Duration,
+    ops: usize,
+    txs: usize,
+    bytes: usize,
+    full: bool,
+}
+
+fn sync(proxier: &mut NftablesProxier, kernel: &Counting, now: Instant, what: &str) -> Phase {
+    kernel.take();
+    let started = Instant::now();
+    let report = match proxier.sync(now) {
+        NftSyncOutcome::Synced(r) => r,
+        NftSyncOutcome::NotInitialized => panic!("not initialised"),
+    };
+    let elapsed = started.elapsed();
+    assert!(report.result.is_ok(), "{what}: {:?}", report.result);
+    let (ops, txs, bytes) = kernel.take();
+    assert_eq!(ops, report.stats.operations + report.stats.stale_chains_deleted, "{what}");
+    Phase { elapsed, ops, txs, bytes, full: report.full }
+}
+
+fn median_by<T: Copy>(items: &[T], key: impl Fn(&T) -> Duration) -> T {
+    let mut sorted = items.to_vec();
+    sorted.sort_by_key(|t| key(t));
+    sorted[sorted.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+fn row(name: &str, p: &Phase) {
+    println!(
+        "| {name} (full: {}) | {} | {} in {} | {} | {} | {} | {} |",
+        p.full,
+        ms(p.elapsed),
+        p.ops,
+        p.txs,
+        p.bytes,
+        mb(ALLOCATOR.allocated()),
+        mb(ALLOCATOR.max_allocated()),
+        mb(peak_rss())
+    );
+}
+
+struct Run {
+    first: Phase,
+    partial: Phase,
+    forced: Phase,
+}
+
+fn one_run(services: usize, per: usize, release: Release, fake_mode: bool, partials: usize) -> Run {
+    let fake = Arc::new(FakeNftables::new(Family::Ip));
+    let kernel = Arc::new(Counting {
+        inner: fake_mode.then(|| fake.clone()),
+        ops: AtomicUsize::new(0),
+        txs: AtomicUsize::new(0),
+        bytes: AtomicUsize::new(0),
+    });
+    let cfg = NftProxierConfig {
+        render: NftRenderConfig {
+            family: IpFamily::V4,
+            masquerade_all: false,
+            masquerade_mark: "0x00004000".into(),
+            local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
+            node_ip: Some("192.168.0.2".parse().expect("ip")),
+            node_port_addresses: NodePortAddresses::new(IpFamily::V4, &["192.168.0.2/32".into()]),
+            features: Features::of(release),
+        },
+        hostname: synthetic::NODE_NAME.into(),
+        sync_period: Duration::from_secs(30),
+    };
+    let mut proxier =
+        NftablesProxier::new(cfg, kernel.clone(), Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])));
+    proxier.on_service_cidrs(&["172.16.0.0/12".into()]);
+    // Objects are made one at a time and dropped, as the watches do.
+    for i in 0..services {
+        let s = synthetic::shaped_service(i, ClusterShape::DEFAULT_AFFINITY_EVERY);
+        proxier.on_service_state(NamespacedName::of_object(&s.metadata), Some(&s));
+        proxier.on_endpoint_slice_update(&synthetic::slice(i, per, 0), false);
+    }
+    proxier.on_services_synced();
+    proxier.on_endpoint_slices_synced();
+    println!("live heap before the first sync (trackers, pending changes): {} MB", mb(ALLOCATOR.allocated()));
+    println!();
+    println!(
+        "| phase | time (ms) | operations in transactions | nft text (bytes) | live heap (MB) | peak heap (MB) | VmHWM (MB) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+
+    let mut now = Instant::now();
+    let first = sync(&mut proxier, &kernel, now, "first sync");
+    row("first sync", &first);
+
+    let mut partial = Vec::new();
+    for k in 0..partials {
+        now += Duration::from_secs(2);
+        let i = (k * 997 + 1) % services;
+        let mut changed = synthetic::slice(i, per, 0);
+        let moved = synthetic::slice(i, per, k + 1);
+        changed.endpoints[0].addresses = moved.endpoints[0].addresses.clone();
+        proxier.on_endpoint_slice_update(&changed, false);
+        let p = sync(&mut proxier, &kernel, now, "one endpoint changed");
+        assert!(!p.full, "a partial sync");
+        if k == 0 {
+            row("one endpoint changed (first)", &p);
+        }
+        partial.push(p);
+        // Back to the original slice, so each change is against the first state.
+        proxier.on_endpoint_slice_update(&synthetic::slice(i, per, 0), false);
+        now += Duration::from_secs(2);
+        sync(&mut proxier, &kernel, now, "changed back");
+        // A sync with nothing to do deletes the chains gone stale, so the next change's sync
+        // is only its own transaction.
+        now += Duration::from_secs(2);
+        sync(&mut proxier, &kernel, now, "stale chains deleted");
+    }
+    let partial = median_by(&partial, |p| p.elapsed);
+    row("one endpoint changed (median)", &partial);
+
+    now += Duration::from_secs(2);
+    proxier.force_full_sync();
+    let forced = sync(&mut proxier, &kernel, now, "forced full sync");
+    row("forced full sync", &forced);
+    if fake_mode {
+        let (chains, rules, sets, elements) = fake.table().counts();
+        println!("table: {chains} chains, {rules} rules, {sets} sets and maps, {elements} elements");
+    }
+    println!();
+    Run { first, partial, forced }
+}
+
+fn main() {
+    let positional: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let services = positional.first().copied().unwrap_or(10_000);
+    let per = positional.get(1).copied().unwrap_or(10);
+    let release: Release = match arg("--release").as_deref() {
+        Some("1.36") => Release::V1_36,
+        Some("1.37") => Release::V1_37,
+        Some(r) => r.parse().expect("release"),
+        None => Release::V1_35,
+    };
+    let fake_mode = std::env::args().any(|a| a == "--fake");
+    let runs: usize = arg("--runs").and_then(|p| p.parse().ok()).unwrap_or(3).max(1);
+    let partials: usize = arg("--partials").and_then(|p| p.parse().ok()).unwrap_or(9).max(1);
+    println!(
+        "{services} services × {per} endpoints, release {release}, kernel: {}, {runs} runs of {partials} partial syncs",
+        if fake_mode { "FakeNftables (applies)" } else { "counting only" }
+    );
+    let mut all = Vec::new();
+    for run in 0..runs {
+        println!("## run {}", run + 1);
+        all.push(one_run(services, per, release, fake_mode, partials));
+    }
+    let first = median_by(&all.iter().map(|r| r.first).collect::<Vec<_>>(), |p| p.elapsed);
+    let partial = median_by(&all.iter().map(|r| r.partial).collect::<Vec<_>>(), |p| p.elapsed);
+    let forced = median_by(&all.iter().map(|r| r.forced).collect::<Vec<_>>(), |p| p.elapsed);
+    println!("## medians over {runs} runs");
+    println!("| phase | time (ms) | operations in transactions | nft text (bytes) |");
+    println!("|---|---:|---:|---:|");
+    for (name, p) in [("first sync", first), ("one endpoint changed", partial), ("forced full sync", forced)] {
+        println!("| {name} | {} | {} in {} | {} |", ms(p.elapsed), p.ops, p.txs, p.bytes);
+    }
+}
