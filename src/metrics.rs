@@ -20,10 +20,12 @@ use prometheus::{
 };
 
 use crate::compat::Release;
+use crate::config::ProxyMode;
 use crate::iptables::Table;
 use crate::model::IpFamily;
 use crate::node::conntrack::cleaner::CleanupRun;
 use crate::node::nfacct::{self, Nfacct};
+use crate::proxier::nftables::NftSyncReport;
 use crate::proxier::{SyncError, SyncReport};
 
 /// Upstream's `kubeProxySubsystem`: every metric name starts with `kubeproxy_`.
@@ -81,6 +83,10 @@ pub struct Metrics {
     pub iptables_rules_total: IntGaugeVec,
     /// Rules written by the last sync, per table (`table` label).
     pub iptables_rules_last_sync: IntGaugeVec,
+    /// nftables transactions of a sync the kernel refused (registered in nftables mode).
+    pub nftables_sync_failures_total: IntCounterVec,
+    /// Deletions of stale chains that failed (registered in nftables mode).
+    pub nftables_cleanup_failures_total: IntCounterVec,
     /// Services with a Local policy and no local endpoint (`traffic_policy` label:
     /// `internal` / `external`).
     pub no_local_endpoints_total: IntGaugeVec,
@@ -309,9 +315,14 @@ fn gauge_value(n: usize) -> i64 {
 }
 
 impl Metrics {
-    /// Creates and registers every collector in a fresh registry, labelled as `release`
-    /// labels them.
+    /// The collectors of iptables mode in `release` ([`Metrics::for_mode`]).
     pub fn new(release: Release) -> Result<Metrics> {
+        Metrics::for_mode(release, ProxyMode::Iptables)
+    }
+
+    /// Creates and registers every mode's collectors in a fresh registry, labelled as
+    /// `release` labels them.
+    fn all_modes(release: Release) -> Result<Metrics> {
         let b = Builder { registry: Registry::new(), by_family: release >= IP_FAMILY_LABEL_SINCE };
         let sync = sync_duration_buckets;
         Ok(Metrics {
@@ -369,6 +380,14 @@ impl Metrics {
                 "Number of iptables rules written by kube-proxy in last sync",
                 "table",
             )?,
+            nftables_sync_failures_total: b.sync_counter(
+                "sync_proxy_rules_nftables_sync_failures_total",
+                "Cumulative proxy nftables sync failures",
+            )?,
+            nftables_cleanup_failures_total: b.sync_counter(
+                "sync_proxy_rules_nftables_cleanup_failures_total",
+                "Cumulative proxy nftables cleanup failures",
+            )?,
             no_local_endpoints_total: b.sync_gauge_vec(
                 "sync_proxy_rules_no_local_endpoints_total",
                 "Number of services with a Local traffic policy and no endpoints",
@@ -389,6 +408,32 @@ impl Metrics {
             nfacct_counters: release.has_nfacct_counters(),
             registry: b.registry,
         })
+    }
+
+    /// The collectors of `mode` as `release` registers them: the iptables-only ones in
+    /// iptables mode, the nftables-only ones in nftables mode; before 1.34 upstream
+    /// registered every mode's metrics whatever the mode (its split came with 1.34's
+    /// `RegisterMetrics(mode)`), so nftables mode has the iptables ones too.
+    pub fn for_mode(release: Release, mode: ProxyMode) -> Result<Metrics> {
+        let metrics = Metrics::all_modes(release)?;
+        let unregister = |c: Box<dyn prometheus::core::Collector>| {
+            // Registered just above: unregistering cannot fail.
+            let _ = metrics.registry.unregister(c);
+        };
+        match mode {
+            ProxyMode::Iptables => {
+                unregister(Box::new(metrics.nftables_sync_failures_total.clone()));
+                unregister(Box::new(metrics.nftables_cleanup_failures_total.clone()));
+            }
+            ProxyMode::Nftables if release >= Release::V1_34 => {
+                unregister(Box::new(metrics.iptables_restore_failures_total.clone()));
+                unregister(Box::new(metrics.iptables_partial_restore_failures_total.clone()));
+                unregister(Box::new(metrics.iptables_rules_total.clone()));
+                unregister(Box::new(metrics.iptables_rules_last_sync.clone()));
+            }
+            ProxyMode::Nftables => {}
+        }
+        Ok(metrics)
     }
 
     /// Registers the counters read from the accounting objects at scrape time, in the releases
@@ -502,19 +547,12 @@ impl Metrics {
         match &report.result {
             Ok(()) => {
                 let now_secs = unix_seconds(now);
-                let programming = self.network_programming_duration.with_label_values(&fam);
-                for times in report.endpoints_update.last_change_trigger_times.values() {
-                    for t in times {
-                        let trigger = t.as_second() as f64 + f64::from(t.subsec_nanosecond()) / 1e9;
-                        programming.observe(now_secs - trigger);
-                    }
-                }
-                self.no_local_endpoints_total
-                    .with_label_values(&self.sync_values(family, &["internal"]))
-                    .set(gauge_value(report.stats.no_local_endpoints_internal));
-                self.no_local_endpoints_total
-                    .with_label_values(&self.sync_values(family, &["external"]))
-                    .set(gauge_value(report.stats.no_local_endpoints_external));
+                self.observe_programming(&fam, &report.endpoints_update, now_secs);
+                self.set_no_local_endpoints(
+                    family,
+                    report.stats.no_local_endpoints_internal,
+                    report.stats.no_local_endpoints_external,
+                );
                 self.sync_proxy_rules_last_timestamp.with_label_values(&fam).set(now_secs);
             }
             Err(err) => {
@@ -526,6 +564,56 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// Records one nftables sync as upstream's nftables `syncProxyRules` does: latency
+    /// (full or partial), failures of the transaction and of the stale-chain cleanup, and on
+    /// success the network programming latency, the no-local-endpoint counts and the
+    /// last-sync timestamp.
+    pub fn record_nftables_sync(&self, family: IpFamily, report: &NftSyncReport, now: SystemTime) {
+        let fam = self.sync_values(family, &[]);
+        let seconds = report.elapsed.as_secs_f64();
+        self.sync_proxy_rules_duration.with_label_values(&fam).observe(seconds);
+        let by_kind =
+            if report.full { &self.sync_full_proxy_rules_duration } else { &self.sync_partial_proxy_rules_duration };
+        by_kind.with_label_values(&fam).observe(seconds);
+        self.service_changes_pending.set(0);
+        self.endpoint_changes_pending.set(0);
+        if report.stale_chain_cleanup_failed {
+            self.nftables_cleanup_failures_total.with_label_values(&fam).inc();
+        }
+        match &report.result {
+            Ok(()) => {
+                let now_secs = unix_seconds(now);
+                self.observe_programming(&fam, &report.endpoints_update, now_secs);
+                self.set_no_local_endpoints(
+                    family,
+                    report.stats.no_local_endpoints_internal,
+                    report.stats.no_local_endpoints_external,
+                );
+                self.sync_proxy_rules_last_timestamp.with_label_values(&fam).set(now_secs);
+            }
+            Err(_) => self.nftables_sync_failures_total.with_label_values(&fam).inc(),
+        }
+    }
+
+    fn observe_programming(&self, fam: &[&str], update: &crate::tracker::EndpointsUpdateResult, now_secs: f64) {
+        let programming = self.network_programming_duration.with_label_values(fam);
+        for times in update.last_change_trigger_times.values() {
+            for t in times {
+                let trigger = t.as_second() as f64 + f64::from(t.subsec_nanosecond()) / 1e9;
+                programming.observe(now_secs - trigger);
+            }
+        }
+    }
+
+    fn set_no_local_endpoints(&self, family: IpFamily, internal: usize, external: usize) {
+        self.no_local_endpoints_total
+            .with_label_values(&self.sync_values(family, &["internal"]))
+            .set(gauge_value(internal));
+        self.no_local_endpoints_total
+            .with_label_values(&self.sync_values(family, &["external"]))
+            .set(gauge_value(external));
     }
 
     /// Records a finished conntrack cleanup: in the releases with the reconciler's metrics

@@ -40,6 +40,8 @@ fn deps(v6_present: bool) -> (Fakes, DaemonDeps) {
     v6.set_present(v6_present);
     let sysctl = Arc::new(FakeSysctl::new());
     let deps = DaemonDeps {
+        nftables_v4: None,
+        nftables_v6: None,
         iptables_v4: Some(v4.clone()),
         iptables_v6: Some(v6.clone()),
         sysctl: sysctl.clone(),
@@ -106,7 +108,7 @@ fn primary_family_must_be_supported() {
     let (_f, deps) = deps(false);
     let v6_node = node("node-a", &[], &[], &["fd00::2"]);
     match Daemon::build(&settings(), "node-a".into(), Some(&v6_node), &deps) {
-        Err(DaemonError::PrimaryFamilyUnsupported(IpFamily::V6)) => {}
+        Err(DaemonError::PrimaryFamilyUnsupported { family: IpFamily::V6, .. }) => {}
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("an IPv6 node without ip6tables must be refused"),
     }
@@ -479,6 +481,8 @@ async fn a_running_conntrack_cleanup_holds_up_nothing() {
     let (gone, kept) = (flow(40001, "10.0.1.1"), flow(40002, "10.0.1.2"));
     ct.set_entries(vec![gone, kept]);
     let deps = DaemonDeps {
+        nftables_v4: None,
+        nftables_v6: None,
         iptables_v4: Some(ipt.clone()),
         iptables_v6: None,
         sysctl: Arc::new(FakeSysctl::new()),

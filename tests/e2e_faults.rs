@@ -122,6 +122,8 @@ impl Testbed {
             })
             .collect();
         let deps = DaemonDeps {
+            nftables_v4: None,
+            nftables_v6: None,
             iptables_v4: Some(fakes[&IpFamily::V4].clone()),
             iptables_v6: Some(fakes[&IpFamily::V6].clone()),
             sysctl: Arc::new(kube_proxy_rs::node::sysctl::FakeSysctl::new()),

@@ -52,6 +52,8 @@ fn daemon_of_release(events: Arc<FakeEventRecorder>, dual_stack: bool, v4: Arc<F
     let v6 = Arc::new(FakeIptables::new(IpFamily::V6));
     v6.set_present(dual_stack);
     let deps = DaemonDeps {
+        nftables_v4: None,
+        nftables_v6: None,
         iptables_v4: Some(v4),
         iptables_v6: Some(v6),
         sysctl: Arc::new(FakeSysctl::new()),

@@ -11,6 +11,7 @@ mod docs_reference;
 mod e2e_conntrack;
 mod e2e_events;
 mod e2e_faults;
+mod e2e_nftables;
 mod e2e_privileges;
 mod e2e_scale;
 mod e2e_soak;

@@ -39,23 +39,66 @@ pub(crate) fn iptables_runners(exec: Arc<dyn Exec>) -> [IptablesRunner; 2] {
     })
 }
 
-/// `--cleanup`: removes our rules and chains from both families (upstream
-/// `CleanupLeftovers`). Returns whether everything succeeded; a family whose iptables is not
-/// present is skipped.
+/// `--cleanup`: removes our rules and chains from both families, in both modes (upstream
+/// `CleanupLeftovers` of every mode). Returns whether everything succeeded; a family whose
+/// iptables or nft is not usable is skipped.
 pub fn cleanup() -> bool {
     let exec: Arc<dyn Exec> = Arc::new(RealExec);
+    let iptables_ok = cleanup_iptables(&iptables_runners(exec.clone()));
+    let nftables_ok = cleanup_nftables(exec);
+    iptables_ok && nftables_ok
+}
+
+/// Removes iptables mode's rules and chains (the families whose iptables is present).
+fn cleanup_iptables(runners: &[IptablesRunner]) -> bool {
     let mut ok = true;
-    for runner in iptables_runners(exec) {
+    for runner in runners {
         let family = runner.family();
         if !runner.present() {
             tracing::info!(%family, "iptables not present for this family; nothing to clean up");
             continue;
         }
-        let report = cleanup_leftovers(&runner);
-        tracing::info!(%family, deleted = report.deleted.len(), kept_referenced = report.kept_referenced.len(), errors = report.errors.len(), "cleanup finished");
+        let report = cleanup_leftovers(runner);
+        tracing::info!(%family, deleted = report.deleted.len(), kept_referenced = report.kept_referenced.len(), errors = report.errors.len(), "iptables cleanup finished");
         ok &= report.success();
     }
     ok
+}
+
+/// Deletes nftables mode's `kube-proxy` tables (both families; a missing table is fine).
+fn cleanup_nftables(exec: Arc<dyn Exec>) -> bool {
+    crate::nftables::runner::cleanup_tables(exec, &nft_options()).is_empty()
+}
+
+fn nft_options() -> crate::nftables::runner::NftOptions {
+    crate::nftables::runner::NftOptions { command_timeout: COMMAND_TIMEOUT, ..Default::default() }
+}
+
+/// nftables mode's writers, one per family whose `nft` works (knftables' checks: version and
+/// object comments), after upstream's kernel check (5.13 or later, unless
+/// `KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK` is set; up to 1.32 the check ran only when
+/// it was set).
+fn nftables_writers(
+    exec: &Arc<dyn Exec>,
+    release: crate::compat::Release,
+) -> Result<[Option<Arc<dyn crate::nftables::Nftables>>; 2], AppError> {
+    use crate::nftables::kernel::{KernelCheck, check_host_kernel};
+    use crate::nftables::runner::NftRunner;
+    let check =
+        if release <= crate::compat::Release::V1_32 { KernelCheck::InvertedUpTo1_32 } else { KernelCheck::Fixed };
+    check_host_kernel(check).map_err(|e| AppError::Nftables(e.to_string()))?;
+    Ok([crate::nftables::Family::Ip, crate::nftables::Family::Ip6].map(|family| {
+        match NftRunner::new(exec.clone(), family, nft_options()) {
+            Ok(runner) => {
+                tracing::info!(%family, version = %runner.version(), "using nft");
+                Some(Arc::new(runner) as Arc<dyn crate::nftables::Nftables>)
+            }
+            Err(e) => {
+                tracing::warn!(%family, error = %e, "nftables is not usable for this family");
+                None
+            }
+        }
+    }))
 }
 
 /// How the daemon ended without an error.
@@ -109,6 +152,8 @@ pub enum AppError {
     Capabilities(#[from] crate::node::capabilities::CapabilityError),
     #[error("--init-only: failed to apply conntrack settings: {0}")]
     InitConntrack(crate::node::sysctl::SysctlError),
+    #[error("nftables mode cannot run on this node: {0}")]
+    Nftables(String),
 }
 
 /// The OS hostname as upstream's `GetHostname` normalises it.
@@ -244,6 +289,25 @@ async fn daemon_main(
 
     let exec: Arc<dyn Exec> = Arc::new(RealExec);
     let runners = iptables_runners(exec.clone());
+    let mode = settings.mode;
+    let [nft_v4, nft_v6] = match mode {
+        crate::config::ProxyMode::Nftables => nftables_writers(&exec, settings.features.release)?,
+        crate::config::ProxyMode::Iptables => [None, None],
+    };
+    // The other mode's rules go once ours are in place (upstream removes them before its
+    // first sync, leaving the node without service rules in between).
+    let leftovers: Box<dyn FnOnce() + Send> = {
+        let exec = exec.clone();
+        let runners = iptables_runners(exec.clone());
+        match mode {
+            crate::config::ProxyMode::Iptables => Box::new(move || {
+                cleanup_nftables(exec);
+            }),
+            crate::config::ProxyMode::Nftables => Box::new(move || {
+                cleanup_iptables(&runners);
+            }),
+        }
+    };
     let [v4, v6] = runners;
     let (v4, v6): (Arc<dyn Iptables>, Arc<dyn Iptables>) = (Arc::new(v4), Arc::new(v6));
     let sysctl: Arc<dyn crate::node::sysctl::Sysctl> = Arc::new(crate::node::sysctl::ProcSysctl::new());
@@ -267,9 +331,11 @@ async fn daemon_main(
         interfaces: interfaces.clone(),
         conntrack: Some(Arc::new(crate::node::conntrack::netlink::NetlinkConntrack::new(exec.clone()))),
         nfacct: Some(Arc::new(crate::node::nfacct::ExecNfacct::new(exec))),
+        nftables_v4: nft_v4,
+        nftables_v6: nft_v6,
         events: events.clone(),
     };
-    let daemon = Daemon::build(&settings, hostname.clone(), node.as_ref(), &deps)?;
+    let daemon = Daemon::build(&settings, hostname.clone(), node.as_ref(), &deps)?.with_leftover_cleanup(leftovers);
     if init_only {
         tracing::info!("system initialized and --init-only specified");
         return Ok(Stopped::Initialized);
@@ -336,8 +402,15 @@ async fn daemon_main(
     });
     // Supervised: either ending before shutdown ends the daemon with an error.
     let mut tasks = crate::daemon::tasks::Tasks::new();
-    let watches =
-        crate::k8s::watch::run_with_events(client, hostname, set, on_node, Some(events.clone()), shutdown.clone());
+    let watches = crate::k8s::watch::run_with_events(
+        client,
+        hostname,
+        set,
+        on_node,
+        daemon.service_cidr_callback(&settings),
+        Some(events.clone()),
+        shutdown.clone(),
+    );
     tasks.spawn("API watches", async move {
         watches.await;
         Ok(())

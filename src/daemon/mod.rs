@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Node;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{DetectLocal, Settings};
-use crate::daemon::sync_loop::{SharedProxier, SyncLoop, lock};
+use crate::config::{DetectLocal, ProxyMode, Settings};
+use crate::daemon::sync_loop::{Shared, SharedProxier, SyncLoop, lock};
 use crate::iptables::Iptables;
 use crate::k8s::ProxierSet;
 use crate::k8s::events::{
@@ -30,6 +30,7 @@ use crate::k8s::events::{
 use crate::metrics::Metrics;
 use crate::model::IpFamily;
 use crate::model::node::{NodeInfo, NodeIps};
+use crate::nftables::Nftables;
 use crate::node::conntrack::Conntrack;
 use crate::node::conntrack::cleaner::{CleanupRun, ConntrackCleaner};
 use crate::node::nfacct::Nfacct;
@@ -38,6 +39,7 @@ use crate::node::sysctl::{
     conntrack_tcp_be_liberal, ensure_route_localnet,
 };
 use crate::proxier::local_detect::LocalDetector;
+use crate::proxier::nftables::{NftProxierConfig, NftRenderConfig, NftSyncReport, NftablesProxier};
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, ServiceHealthState, SyncReport};
 use crate::serve::health::{ProxierHealthServer, SystemClock};
@@ -45,14 +47,31 @@ use crate::serve::healthcheck::{ServiceHealthServer, listen_addresses};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    #[error("no iptables support for the node's primary IP family {0}")]
-    PrimaryFamilyUnsupported(IpFamily),
+    #[error("no {} support for the node's primary IP family {family}", tool_of(*.mode))]
+    PrimaryFamilyUnsupported { family: IpFamily, mode: ProxyMode },
     #[error("failed to set up sysctl {name}: {reason}")]
     Sysctl { name: &'static str, reason: String },
     #[error("failed to create the sync loop: {0}")]
     Runner(#[from] crate::daemon::runner::RunnerError),
     #[error("failed to create metrics: {0}")]
     Metrics(#[from] crate::metrics::MetricsError),
+}
+
+fn tool_of(mode: ProxyMode) -> &'static str {
+    match mode {
+        ProxyMode::Iptables => "iptables",
+        ProxyMode::Nftables => "nftables",
+    }
+}
+
+/// How long an nftables sync loop may go without a sync: upstream's runner runs one every
+/// `syncPeriod` from 1.34 (mostly partial, full once an hour), every hour before.
+fn nftables_max_interval(settings: &Settings) -> Duration {
+    if settings.features.release.nft_has_periodic_full_sync() {
+        settings.sync_period
+    } else {
+        crate::daemon::sync_loop::MAX_INTERVAL
+    }
 }
 
 /// The side effects the daemon is built on.
@@ -65,6 +84,9 @@ pub struct DaemonDeps {
     pub conntrack: Option<Arc<dyn Conntrack>>,
     /// Netfilter accounting objects (rules of 1.31 and later count with them).
     pub nfacct: Option<Arc<dyn Nfacct>>,
+    /// nftables per family, in nftables mode (absent: that family is not supported).
+    pub nftables_v4: Option<Arc<dyn Nftables>>,
+    pub nftables_v6: Option<Arc<dyn Nftables>>,
     /// Where Kubernetes Events go (the start-up event, health-check failures).
     pub events: Arc<dyn EventRecorder>,
 }
@@ -80,6 +102,7 @@ pub struct FamilyProxier {
 /// A family's proxier and sync loop in one mode.
 pub enum ModeProxier {
     Iptables { proxier: SharedProxier, sync_loop: SyncLoop<Proxier> },
+    Nftables { proxier: Shared<NftablesProxier>, sync_loop: SyncLoop<NftablesProxier> },
 }
 
 impl FamilyProxier {
@@ -87,30 +110,43 @@ impl FamilyProxier {
     pub fn iptables(&self) -> Option<&SharedProxier> {
         match &self.rules {
             ModeProxier::Iptables { proxier, .. } => Some(proxier),
+            ModeProxier::Nftables { .. } => None,
+        }
+    }
+
+    /// The nftables proxier (tests sync it by hand); `None` in another mode.
+    pub fn nftables(&self) -> Option<&Shared<NftablesProxier>> {
+        match &self.rules {
+            ModeProxier::Nftables { proxier, .. } => Some(proxier),
+            ModeProxier::Iptables { .. } => None,
         }
     }
 
     fn recorder(&self) -> Arc<crate::tracker::ChangeRecorder> {
         match &self.rules {
             ModeProxier::Iptables { proxier, .. } => lock(proxier).recorder(),
+            ModeProxier::Nftables { proxier, .. } => lock(proxier).recorder(),
         }
     }
 
     fn handle(&self) -> crate::daemon::runner::RunnerHandle {
         match &self.rules {
             ModeProxier::Iptables { sync_loop, .. } => sync_loop.handle(),
+            ModeProxier::Nftables { sync_loop, .. } => sync_loop.handle(),
         }
     }
 
     fn rule_writes(&self) -> Arc<crate::node::conntrack::cleaner::RuleWrites> {
         match &self.rules {
             ModeProxier::Iptables { proxier, .. } => lock(proxier).rule_writes(),
+            ModeProxier::Nftables { proxier, .. } => lock(proxier).rule_writes(),
         }
     }
 
     fn node_port_addresses(&self) -> NodePortAddresses {
         match &self.rules {
             ModeProxier::Iptables { proxier, .. } => lock(proxier).config().render.node_port_addresses.clone(),
+            ModeProxier::Nftables { proxier, .. } => lock(proxier).config().render.node_port_addresses.clone(),
         }
     }
 }
@@ -122,9 +158,46 @@ pub struct Daemon {
     pub health: Arc<ProxierHealthServer>,
     pub metrics: Arc<Metrics>,
     pub events: Arc<dyn EventRecorder>,
+    /// Removes the other mode's rules once every family has synced (none: nothing to do).
+    leftovers: Option<Arc<LeftoverCleanup>>,
+}
+
+/// Runs the other mode's cleanup once, after the first successful sync of every family, on
+/// a thread of its own (it execs iptables or nft; no loop waits for it).
+struct LeftoverCleanup {
+    waiting: std::sync::Mutex<std::collections::BTreeSet<IpFamily>>,
+    cleanup: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl LeftoverCleanup {
+    fn family_synced(&self, family: IpFamily) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !waiting.remove(&family) || !waiting.is_empty() {
+            return;
+        }
+        drop(waiting);
+        if let Some(cleanup) = self.cleanup.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            let spawned = std::thread::Builder::new().name("leftover-cleanup".into()).spawn(move || {
+                tracing::info!("every family synced; removing the other proxy mode's leftover rules");
+                cleanup();
+            });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "could not start the cleanup of the other mode's rules");
+            }
+        }
+    }
 }
 
 impl Daemon {
+    /// Runs `cleanup` (removing the other proxy mode's rules) once every family has synced.
+    pub fn with_leftover_cleanup(mut self, cleanup: Box<dyn FnOnce() + Send>) -> Daemon {
+        self.leftovers = Some(Arc::new(LeftoverCleanup {
+            waiting: std::sync::Mutex::new(self.families.iter().map(|f| f.family).collect()),
+            cleanup: std::sync::Mutex::new(Some(cleanup)),
+        }));
+        self
+    }
+
     /// Decides the families (the node's primary one must be supported; both when both are:
     /// dual stack), sets the sysctls the rules depend on, and builds a proxier per family.
     pub fn build(
@@ -135,30 +208,31 @@ impl Daemon {
     ) -> Result<Daemon, DaemonError> {
         let node_info = node.map(NodeInfo::from_node).unwrap_or_default();
         let node_ips = NodeIps::detect(&node_info.host_ips, Some(settings.bind_address));
-        let supported = |ipt: &Option<Arc<dyn Iptables>>| ipt.as_ref().filter(|i| i.present()).cloned();
-        let v4 = supported(&deps.iptables_v4);
-        let v6 = supported(&deps.iptables_v6);
+        // A family is supported when the mode's tool works for it.
+        let (v4, v6) = match settings.mode {
+            ProxyMode::Iptables => {
+                let supported = |ipt: &Option<Arc<dyn Iptables>>| ipt.as_ref().is_some_and(|i| i.present());
+                (supported(&deps.iptables_v4), supported(&deps.iptables_v6))
+            }
+            ProxyMode::Nftables => (deps.nftables_v4.is_some(), deps.nftables_v6.is_some()),
+        };
         let primary_ok = match node_ips.primary {
-            IpFamily::V4 => v4.is_some(),
-            IpFamily::V6 => v6.is_some(),
+            IpFamily::V4 => v4,
+            IpFamily::V6 => v6,
         };
         if !primary_ok {
-            return Err(DaemonError::PrimaryFamilyUnsupported(node_ips.primary));
+            return Err(DaemonError::PrimaryFamilyUnsupported { family: node_ips.primary, mode: settings.mode });
         }
-        let mut families: Vec<(IpFamily, Arc<dyn Iptables>)> = Vec::new();
-        if v4.is_some() && v6.is_some() {
-            tracing::info!(primary = %node_ips.primary, "running in dual-stack mode");
+        if v4 && v6 {
+            tracing::info!(primary = %node_ips.primary, mode = %settings.mode, "running in dual-stack mode");
         } else {
-            tracing::info!(family = %node_ips.primary, "running in single-stack mode");
+            tracing::info!(family = %node_ips.primary, mode = %settings.mode, "running in single-stack mode");
         }
-        for (family, ipt) in [(IpFamily::V4, v4), (IpFamily::V6, v6)] {
-            if let Some(ipt) = ipt {
-                families.push((family, ipt));
-            }
-        }
+        let families: Vec<IpFamily> =
+            [(IpFamily::V4, v4), (IpFamily::V6, v6)].into_iter().filter(|(_, ok)| *ok).map(|(f, _)| f).collect();
 
-        let metrics = Arc::new(Metrics::new(settings.features.release)?);
-        if let Some(nfacct) = &deps.nfacct {
+        let metrics = Arc::new(Metrics::for_mode(settings.features.release, settings.mode)?);
+        if let (ProxyMode::Iptables, Some(nfacct)) = (settings.mode, &deps.nfacct) {
             metrics.register_nfacct(nfacct)?;
         }
         let health = Arc::new(ProxierHealthServer::new(
@@ -167,15 +241,58 @@ impl Daemon {
             Arc::new(SystemClock),
             Some(metrics.clone()),
         ));
-        let tcp_liberal = conntrack_tcp_be_liberal(deps.sysctl.as_ref());
+        let tcp_liberal = settings.mode == ProxyMode::Iptables && conntrack_tcp_be_liberal(deps.sysctl.as_ref());
         // Bridged pod traffic skips these rules without br_netfilter; say so once, at start.
         check_bridge_nf_call_iptables(deps.sysctl.as_ref());
         let node_port_cidrs =
             NodePortAddresses::resolve_keywords(&settings.node_port_addresses, &[node_ips.v4, node_ips.v6]);
 
         let mut built = Vec::new();
-        for (family, ipt) in families {
+        for family in families {
             let node_port_addresses = NodePortAddresses::new(family, &node_port_cidrs);
+            if settings.detect_local == DetectLocal::NodeCidr && node_info.pod_cidrs.is_empty() {
+                tracing::warn!("detect-local-mode NodeCIDR but the node has no podCIDRs yet; using no local detector");
+            }
+            let local_detector = LocalDetector::from_mode(&settings.detect_local, family, &node_info.pod_cidrs);
+            if settings.mode == ProxyMode::Nftables {
+                let nft = match family {
+                    IpFamily::V4 => deps.nftables_v4.clone(),
+                    IpFamily::V6 => deps.nftables_v6.clone(),
+                }
+                .expect("families are those with nftables");
+                let render = NftRenderConfig {
+                    family,
+                    masquerade_all: settings.masquerade_all,
+                    masquerade_mark: settings.masquerade_mark.clone(),
+                    local_detector,
+                    node_ip: Some(node_ips.get(family)),
+                    node_port_addresses,
+                    features: settings.features,
+                };
+                let cfg = NftProxierConfig { render, hostname: hostname.clone(), sync_period: settings.sync_period };
+                let proxier = NftablesProxier::with_recorder(cfg, nft, deps.interfaces.clone(), Some(metrics.clone()));
+                if let Some(node) = node {
+                    proxier.on_node_update(Some(node));
+                }
+                let proxier = Arc::new(std::sync::Mutex::new(proxier));
+                let sync_loop = SyncLoop::without_canary(
+                    proxier.clone(),
+                    settings.min_sync_period,
+                    nftables_max_interval(settings),
+                )?;
+                health.updated(family);
+                built.push(FamilyProxier {
+                    family,
+                    rules: ModeProxier::Nftables { proxier, sync_loop },
+                    conntrack: deps.conntrack.clone(),
+                });
+                continue;
+            }
+            let ipt = match family {
+                IpFamily::V4 => deps.iptables_v4.clone(),
+                IpFamily::V6 => deps.iptables_v6.clone(),
+            }
+            .expect("families are those with iptables");
             let localhost_nodeports =
                 family == IpFamily::V4 && settings.localhost_nodeports && node_port_addresses.contains_ipv4_loopback();
             if localhost_nodeports {
@@ -184,15 +301,12 @@ impl Daemon {
                     reason: e.to_string(),
                 })?;
             }
-            if settings.detect_local == DetectLocal::NodeCidr && node_info.pod_cidrs.is_empty() {
-                tracing::warn!("detect-local-mode NodeCIDR but the node has no podCIDRs yet; using no local detector");
-            }
             let render = RenderConfig {
                 family,
                 masquerade_all: settings.masquerade_all,
                 masquerade_mark: settings.masquerade_mark.clone(),
                 localhost_nodeports,
-                local_detector: LocalDetector::from_mode(&settings.detect_local, family, &node_info.pod_cidrs),
+                local_detector,
                 node_ip: Some(node_ips.get(family)),
                 node_port_addresses,
                 random_fully: ipt.has_random_fully(),
@@ -222,7 +336,24 @@ impl Daemon {
         if let Some(node) = node {
             health.sync_node(node);
         }
-        Ok(Daemon { hostname, families: built, health, metrics, events: deps.events.clone() })
+        Ok(Daemon { hostname, families: built, health, metrics, events: deps.events.clone(), leftovers: None })
+    }
+
+    /// Where the ServiceCIDR watch reports the CIDRs of all ServiceCIDR objects: the nftables
+    /// proxiers (their drop rule for unallocated ClusterIPs), when MultiCIDRServiceAllocator is
+    /// on; `None` when nothing needs them (iptables mode, as upstream's iptables proxier
+    /// ignores them).
+    pub fn service_cidr_callback(&self, settings: &Settings) -> Option<crate::k8s::watch::ServiceCidrCallback> {
+        if !settings.features.multi_cidr_service_allocator {
+            return None;
+        }
+        let sinks: Vec<_> =
+            self.families.iter().filter_map(|f| f.nftables()).map(|p| lock(p).service_cidr_sink()).collect();
+        if sinks.is_empty() {
+            return None;
+        }
+        // They are only stored, for the next full sync (as upstream).
+        Some(Arc::new(move |cidrs: &[String]| sinks.iter().for_each(|sink| sink(cidrs))))
     }
 
     /// Announces on this Node that the proxy started (upstream `birthCry`, raised once the
@@ -296,14 +427,23 @@ impl Daemon {
                 events: self.events.clone(),
                 published: published.clone(),
                 cleaner,
+                leftovers: self.leftovers.clone(),
             };
             let family = f.family;
             let run = match f.rules {
                 ModeProxier::Iptables { sync_loop, .. } => {
-                    sync_loop.run(shutdown.clone(), move |report: &SyncReport| after_sync.report(report))
+                    tokio::spawn(sync_loop.run(shutdown.clone(), move |report: &SyncReport| after_sync.report(report)))
                 }
+                ModeProxier::Nftables { sync_loop, .. } => tokio::spawn(
+                    sync_loop.run(shutdown.clone(), move |report: &NftSyncReport| after_sync.report(report)),
+                ),
             };
-            loops.spawn(format!("sync loop ({family})"), async move { run.await.map_err(|e| e.to_string()) });
+            loops.spawn(format!("sync loop ({family})"), async move {
+                match run.await {
+                    Ok(ended) => ended.map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("sync loop task failed: {e}")),
+                }
+            });
         }
         let stop_cleaners = || cleaners.iter().for_each(|c| c.stop());
         while let Some(ended) = loops.next_ended().await {
@@ -328,6 +468,7 @@ struct AfterSync {
     events: Arc<dyn EventRecorder>,
     published: Arc<std::sync::Mutex<BTreeMap<IpFamily, ServiceHealthState>>>,
     cleaner: Option<Arc<ConntrackCleaner>>,
+    leftovers: Option<Arc<LeftoverCleanup>>,
 }
 
 /// The parts of a sync's report the daemon acts on, whichever mode wrote the rules.
@@ -342,6 +483,24 @@ trait ReportView {
 impl ReportView for SyncReport {
     fn record_metrics(&self, metrics: &Metrics, family: IpFamily, now: SystemTime) {
         metrics.record_sync(family, self, self.elapsed, now);
+    }
+    fn succeeded(&self) -> bool {
+        self.result.is_ok()
+    }
+    fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+    fn service_health(&self) -> Option<&ServiceHealthState> {
+        self.service_health.as_ref()
+    }
+    fn conntrack_cleanup(&self) -> Option<&crate::node::conntrack::cleaner::CleanupJob> {
+        self.conntrack_cleanup.as_ref()
+    }
+}
+
+impl ReportView for NftSyncReport {
+    fn record_metrics(&self, metrics: &Metrics, family: IpFamily, now: SystemTime) {
+        metrics.record_nftables_sync(family, self, now);
     }
     fn succeeded(&self) -> bool {
         self.result.is_ok()
@@ -373,6 +532,9 @@ impl AfterSync {
         }
         if let (Some(cleaner), Some(job)) = (&self.cleaner, report.conntrack_cleanup()) {
             cleaner.submit(job.clone());
+        }
+        if let Some(leftovers) = &self.leftovers {
+            leftovers.family_synced(family);
         }
     }
 }

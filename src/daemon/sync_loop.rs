@@ -22,6 +22,7 @@ use crate::iptables::monitor::{CANARY_TABLES, CanaryMonitor, Sentinel};
 use crate::iptables::{CHAIN_FORWARD, CHAIN_PREROUTING, Table};
 use crate::model::IpFamily;
 use crate::model::chains::{KUBE_FORWARD, KUBE_PROXY_CANARY, KUBE_SERVICES};
+use crate::proxier::nftables::{NftSyncOutcome, NftSyncReport, NftablesProxier};
 use crate::proxier::{JUMP_CHAINS, Proxier, SyncOutcome, SyncReport};
 use crate::tracker::ChangeRecorder;
 
@@ -84,6 +85,37 @@ pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 /// end of the last sync from 1.34.
 fn sync_pacing(release: Release) -> Pacing {
     if release.paces_syncs_after_completion() { Pacing::AfterCompletion } else { Pacing::Burst(BURST_SYNCS) }
+}
+
+impl LoopProxier for NftablesProxier {
+    type Report = NftSyncReport;
+
+    fn family(&self) -> IpFamily {
+        NftablesProxier::family(self)
+    }
+
+    fn release(&self) -> Release {
+        self.config().render.features.release
+    }
+
+    fn recorder(&self) -> Arc<ChangeRecorder> {
+        NftablesProxier::recorder(self)
+    }
+
+    fn force_full_sync(&self) {
+        NftablesProxier::force_full_sync(self)
+    }
+
+    fn sync_once(&mut self, now: Instant) -> Option<Box<NftSyncReport>> {
+        match self.sync(now) {
+            NftSyncOutcome::Synced(report) => Some(report),
+            NftSyncOutcome::NotInitialized => None,
+        }
+    }
+
+    fn retry_after(report: &NftSyncReport) -> Option<Duration> {
+        report.retry_after
+    }
 }
 
 /// A proxier shared by its sync loop and whoever syncs it by hand (tests).

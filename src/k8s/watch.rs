@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -19,6 +20,51 @@ use super::{NodeEvents, ProxierSet, ServiceEvents, SliceEvents, WATCH_LABEL_SELE
 
 /// Called with every state of this Node (`None`: deleted).
 pub type NodeCallback = Arc<dyn Fn(Option<&Node>) + Send + Sync>;
+
+/// Called with the CIDRs of all ServiceCIDR objects, sorted and without repeats, whenever
+/// they change (nftables mode drops traffic to unallocated ClusterIPs inside them).
+pub type ServiceCidrCallback = Arc<dyn Fn(&[String]) + Send + Sync>;
+
+/// The ServiceCIDR objects seen so far, by name (upstream's handler keeps the union of
+/// their `spec.cidrs`).
+#[derive(Default)]
+pub(crate) struct ServiceCidrEvents {
+    by_name: std::collections::BTreeMap<String, Vec<String>>,
+    listed: Option<std::collections::BTreeMap<String, Vec<String>>>,
+}
+
+impl ServiceCidrEvents {
+    /// Applies one watch event; `Some(union)` when the CIDRs changed (or the first listing
+    /// finished).
+    pub(crate) fn handle(&mut self, event: Event<ServiceCIDR>) -> Option<Vec<String>> {
+        let cidrs_of = |o: &ServiceCIDR| o.spec.as_ref().and_then(|s| s.cidrs.clone()).unwrap_or_default();
+        let name_of = |o: &ServiceCIDR| o.metadata.name.clone().unwrap_or_default();
+        let before = self.union();
+        match event {
+            Event::Apply(o) => {
+                self.by_name.insert(name_of(&o), cidrs_of(&o));
+            }
+            Event::Delete(o) => {
+                self.by_name.remove(&name_of(&o));
+            }
+            Event::Init => self.listed = Some(Default::default()),
+            Event::InitApply(o) => {
+                self.listed.get_or_insert_with(Default::default).insert(name_of(&o), cidrs_of(&o));
+            }
+            Event::InitDone => {
+                self.by_name = self.listed.take().unwrap_or_default();
+                return Some(self.union());
+            }
+        }
+        let after = self.union();
+        (after != before).then_some(after)
+    }
+
+    fn union(&self) -> Vec<String> {
+        let all: std::collections::BTreeSet<&String> = self.by_name.values().flatten().collect();
+        all.into_iter().cloned().collect()
+    }
+}
 
 /// Feeds `stream` to `handle` until it ends or `shutdown`. Watch errors are logged; the
 /// watcher itself retries with backoff and re-lists.
@@ -71,19 +117,35 @@ pub async fn run(
     on_node: NodeCallback,
     shutdown: CancellationToken,
 ) {
-    run_with_events(client, hostname, proxiers, on_node, None, shutdown).await;
+    run_with_events(client, hostname, proxiers, on_node, None, None, shutdown).await;
 }
 
 /// Like [`run`]; with `events`, Services and EndpointSlices skipped as invalid get a Warning
-/// event.
+/// event; with `on_service_cidrs`, ServiceCIDR objects are watched too.
 pub(crate) async fn run_with_events(
     client: Client,
     hostname: String,
     proxiers: ProxierSet,
     on_node: NodeCallback,
+    on_service_cidrs: Option<ServiceCidrCallback>,
     events: Option<Arc<dyn EventRecorder>>,
     shutdown: CancellationToken,
 ) {
+    let service_cidrs = on_service_cidrs.map(|callback| {
+        let stream = watcher(Api::<ServiceCIDR>::all(client.clone()), watcher::Config::default()).default_backoff();
+        let mut state = ServiceCidrEvents::default();
+        consume("ServiceCIDR", stream, shutdown.clone(), move |e| {
+            if let Some(cidrs) = state.handle(e) {
+                tracing::info!(cidrs = ?cidrs, "ServiceCIDRs changed");
+                callback(&cidrs);
+            }
+        })
+    });
+    let service_cidrs = async move {
+        if let Some(watch) = service_cidrs {
+            watch.await;
+        }
+    };
     let selector = watcher::Config::default().labels(WATCH_LABEL_SELECTOR);
     // Services and slices are decoded slim (see `objects`), then handed on as k8s-openapi
     // objects holding only what the proxier reads.
@@ -104,6 +166,7 @@ pub(crate) async fn run_with_events(
             slice_state.handle(convert_event::<_, EndpointSlice>(e), &p2)
         }),
         consume("Node", nodes, shutdown, move |e| node_state.handle(e, &p3, on_node.as_ref())),
+        service_cidrs,
     );
 }
 
@@ -113,4 +176,40 @@ where
     K::DynamicType: Default,
 {
     watcher::watcher(api, config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::networking::v1::ServiceCIDRSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn cidr(name: &str, cidrs: &[&str]) -> ServiceCIDR {
+        ServiceCIDR {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            spec: Some(ServiceCIDRSpec { cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()) }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn service_cidrs_are_the_union_of_all_objects_reported_on_change() {
+        let mut state = ServiceCidrEvents::default();
+        assert_eq!(state.handle(Event::Init), None);
+        assert_eq!(state.handle(Event::InitApply(cidr("kubernetes", &["198.19.0.0/16", "fd00:10::/108"]))), None);
+        assert_eq!(state.handle(Event::InitDone), Some(vec!["198.19.0.0/16".to_string(), "fd00:10::/108".to_string()]));
+        // Another object with an overlapping list: only the new CIDR is added.
+        assert_eq!(
+            state.handle(Event::Apply(cidr("extra", &["198.19.0.0/16", "203.0.113.0/24"]))),
+            Some(vec!["198.19.0.0/16".into(), "203.0.113.0/24".into(), "fd00:10::/108".into()])
+        );
+        assert_eq!(state.handle(Event::Apply(cidr("extra", &["203.0.113.0/24", "198.19.0.0/16"]))), None);
+        assert_eq!(
+            state.handle(Event::Delete(cidr("kubernetes", &[]))),
+            Some(vec!["198.19.0.0/16".into(), "203.0.113.0/24".into()])
+        );
+        // A re-list replaces everything once it is complete.
+        assert_eq!(state.handle(Event::Init), None);
+        assert_eq!(state.handle(Event::InitDone), Some(vec![]));
+    }
 }

@@ -203,10 +203,22 @@ impl Cluster {
 
     /// (Re)starts the daemon in node-a, appending to its log.
     pub fn start_daemon(&mut self) {
+        self.start_daemon_with(&[]);
+    }
+
+    /// (Re)starts the daemon in node-a with `extra` flags after [`Cluster::daemon_args`].
+    pub fn start_daemon_with(&mut self, extra: &[&str]) {
         static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let log = self.dir.path().join(format!("daemon-{n}.log"));
-        self.daemon = Some(DaemonProcess::start(&self.node_a, &self.daemon_args(), log, &[]));
+        let mut args = self.daemon_args();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        self.daemon = Some(DaemonProcess::start(&self.node_a, &args, log, &[]));
+    }
+
+    /// node-a's nftables `kube-proxy` table of `family` (`ip` / `ip6`), empty when absent.
+    pub fn nft_table(&self, family: &str) -> String {
+        String::from_utf8_lossy(&self.node_a.run(&["nft", "list", "table", family, "kube-proxy"]).stdout).into_owned()
     }
 
     pub fn daemon(&self) -> &DaemonProcess {

@@ -128,6 +128,22 @@ pub struct NftSyncReport {
     pub conntrack_cleanup: Option<CleanupJob>,
 }
 
+/// Keeps the CIDRs of `family` (upstream: `netutils.IsIPv4CIDRString`, the rest IPv6),
+/// sorted and without repeats.
+fn store_service_cidrs(store: &Mutex<Vec<String>>, family: IpFamily, cidrs: &[String]) {
+    let mut mine: Vec<String> = cidrs
+        .iter()
+        .filter(|c| {
+            let v4 = Cidr::parse_sloppy(c).is_some_and(|p| p.family() == IpFamily::V4);
+            v4 == (family == IpFamily::V4)
+        })
+        .cloned()
+        .collect();
+    mine.sort();
+    mine.dedup();
+    *store.lock().unwrap_or_else(PoisonError::into_inner) = mine;
+}
+
 /// One IP family's nftables proxier.
 pub struct NftablesProxier {
     cfg: NftProxierConfig,
@@ -136,7 +152,7 @@ pub struct NftablesProxier {
     changes: Arc<ChangeRecorder>,
     /// The ServiceCIDRs of this family, sorted (set from the watch at any time; used by full
     /// syncs only, as upstream).
-    service_cidrs: Mutex<Vec<String>>,
+    service_cidrs: Arc<Mutex<Vec<String>>>,
     services: ServicePortMap,
     endpoints: EndpointsMap,
     node_labels: Option<BTreeMap<String, String>>,
@@ -176,7 +192,7 @@ impl NftablesProxier {
             nft,
             interfaces,
             changes,
-            service_cidrs: Mutex::new(Vec::new()),
+            service_cidrs: Arc::default(),
             services: ServicePortMap::default(),
             endpoints: EndpointsMap::default(),
             node_labels: None,
@@ -268,18 +284,15 @@ impl NftablesProxier {
     /// sync is asked for, as upstream. A CIDR that does not parse counts as IPv6, as in
     /// upstream (`netutils.IsIPv4CIDRString`).
     pub fn on_service_cidrs(&self, cidrs: &[String]) {
+        store_service_cidrs(&self.service_cidrs, self.cfg.render.family, cidrs);
+    }
+
+    /// [`Self::on_service_cidrs`] for the watch, which must not wait for a sync holding the
+    /// proxier.
+    pub fn service_cidr_sink(&self) -> Arc<dyn Fn(&[String]) + Send + Sync> {
+        let store = self.service_cidrs.clone();
         let family = self.cfg.render.family;
-        let mut mine: Vec<String> = cidrs
-            .iter()
-            .filter(|c| {
-                let v4 = Cidr::parse_sloppy(c).is_some_and(|p| p.family() == IpFamily::V4);
-                v4 == (family == IpFamily::V4)
-            })
-            .cloned()
-            .collect();
-        mine.sort();
-        mine.dedup();
-        *self.service_cidrs.lock().unwrap_or_else(PoisonError::into_inner) = mine;
+        Arc::new(move |cidrs: &[String]| store_service_cidrs(&store, family, cidrs))
     }
 
     /// Forces the next sync to be full (it lists the table first).
