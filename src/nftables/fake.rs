@@ -120,7 +120,8 @@ impl Nftables for FakeNftables {
             inner.fail_lists -= 1;
             return Err(NftError::List { family: self.family, message: "injected failure".into() });
         }
-        Ok(inner.table.exists.then(|| inner.table.clone()))
+        // As the kernel lists it: rules in nft's canonical words.
+        Ok(inner.table.exists.then(|| inner.table.as_listed()))
     }
 }
 

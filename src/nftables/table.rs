@@ -354,6 +354,35 @@ impl TableState {
         out
     }
 
+    /// The table as `nft list` shows it ([`super::Nftables::list_table`]): rule text in nft's
+    /// canonical words ([`super::canonical_rule`]), element keys and values likewise, set
+    /// flags in nft's order. What the fake lists, and what a real listing of a table written
+    /// from this model equals.
+    pub fn as_listed(&self) -> TableState {
+        let mut listed = self.clone();
+        for chain in listed.chains.values_mut() {
+            for (text, _) in &mut chain.rules {
+                *text = super::canonical_rule(text);
+            }
+        }
+        for set in listed.sets.values_mut() {
+            set.set.flags = super::listing::listed_flag_order(&set.set.flags);
+            let elements = std::mem::take(&mut set.elements);
+            for (_, mut element) in elements {
+                let canonical = |parts: &[String]| -> Vec<String> {
+                    if parts.len() == 1 && (parts[0].starts_with("goto ") || parts[0].starts_with("jump ")) {
+                        return parts.to_vec();
+                    }
+                    parts.iter().map(|p| super::canonical::canonical_element(p)).collect()
+                };
+                element.key = canonical(&element.key);
+                element.value = canonical(&element.value);
+                set.elements.insert(join_key(&element.key), element);
+            }
+        }
+        listed
+    }
+
     /// Counts of what the table holds: (chains, rules, sets and maps, elements).
     pub fn counts(&self) -> (usize, usize, usize, usize) {
         let rules = self.chains.values().map(|c| c.rules.len()).sum();
