@@ -25,6 +25,7 @@ mod iptables_real;
 mod k8s_events;
 mod k8s_watch;
 mod nextest_groups;
+mod nftables_real;
 mod partial_sync;
 mod render_cli;
 mod render_restore;
