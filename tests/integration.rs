@@ -27,6 +27,7 @@ mod k8s_events;
 mod k8s_watch;
 mod nextest_groups;
 mod nftables_partial_sync;
+mod nftables_real;
 mod nftables_releases;
 mod nftables_rules;
 mod partial_sync;

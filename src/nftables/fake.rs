@@ -22,6 +22,10 @@ struct Inner {
     fail_runs: usize,
     /// Fail this many of the next `list_table`s.
     fail_lists: usize,
+    /// Fail this many of the next `check`s.
+    fail_checks: usize,
+    /// The message injected failures carry.
+    failure_message: Option<String>,
 }
 
 /// See the module documentation.
@@ -89,6 +93,37 @@ impl FakeNftables {
     pub fn fail_next_lists(&self, n: usize) {
         self.lock().fail_lists = n;
     }
+
+    /// Makes the next `n` checks fail.
+    pub fn fail_next_checks(&self, n: usize) {
+        self.lock().fail_checks = n;
+    }
+
+    /// The message of injected failures (default "injected failure"), e.g. one that
+    /// [`NftError::is_not_found`] recognises.
+    pub fn set_failure_message(&self, message: impl Into<String>) {
+        self.lock().failure_message = Some(message.into());
+    }
+
+    /// How many transactions were run (successful or not).
+    pub fn run_count(&self) -> usize {
+        self.lock().calls.iter().filter(|c| matches!(c, FakeCall::Run(_))).count()
+    }
+
+    /// The last transaction run, as the text `nft -f` would have read.
+    pub fn last_run_text(&self) -> Option<String> {
+        let inner = self.lock();
+        inner.calls.iter().rev().find_map(|c| match c {
+            FakeCall::Run(tx) => Some(tx.text(self.family, true)),
+            _ => None,
+        })
+    }
+}
+
+impl Inner {
+    fn injected(&self) -> String {
+        self.failure_message.clone().unwrap_or_else(|| "injected failure".into())
+    }
 }
 
 impl Nftables for FakeNftables {
@@ -101,7 +136,7 @@ impl Nftables for FakeNftables {
         inner.calls.push(FakeCall::Run(tx.clone()));
         if inner.fail_runs > 0 {
             inner.fail_runs -= 1;
-            return Err(NftError::Rejected { family: self.family, message: "injected failure".into() });
+            return Err(NftError::Rejected { family: self.family, message: inner.injected() });
         }
         inner.table.apply(tx).map_err(|e| NftError::Rejected { family: self.family, message: e.to_string() })
     }
@@ -109,6 +144,10 @@ impl Nftables for FakeNftables {
     fn check(&self, tx: &Transaction) -> Result<(), NftError> {
         let mut inner = self.lock();
         inner.calls.push(FakeCall::Check(tx.clone()));
+        if inner.fail_checks > 0 {
+            inner.fail_checks -= 1;
+            return Err(NftError::Rejected { family: self.family, message: inner.injected() });
+        }
         let mut scratch = inner.table.clone();
         scratch.apply(tx).map_err(|e| NftError::Rejected { family: self.family, message: e.to_string() })
     }
@@ -118,9 +157,10 @@ impl Nftables for FakeNftables {
         inner.calls.push(FakeCall::ListTable);
         if inner.fail_lists > 0 {
             inner.fail_lists -= 1;
-            return Err(NftError::List { family: self.family, message: "injected failure".into() });
+            return Err(NftError::List { family: self.family, message: inner.injected() });
         }
-        Ok(inner.table.exists.then(|| inner.table.clone()))
+        // As the kernel lists it: rules in nft's canonical words.
+        Ok(inner.table.exists.then(|| inner.table.as_listed()))
     }
 }
 
@@ -140,6 +180,32 @@ mod tests {
         assert!(nft.table().exists);
         assert!(nft.run(&Transaction { ops: vec![Operation::FlushChain("x".into())] }).is_err());
         assert_eq!(nft.runs().len(), 3);
+        assert_eq!(nft.run_count(), 3);
         assert_eq!(nft.list_count(), 2);
+        assert_eq!(nft.last_run_text().as_deref(), Some("flush chain ip kube-proxy x\n"));
+        nft.fail_next_checks(1);
+        assert!(nft.check(&Transaction { ops: vec![Operation::AddTable] }).is_err());
+        assert!(nft.check(&Transaction { ops: vec![Operation::AddTable] }).is_ok());
+        nft.set_failure_message("Error: No such file or directory");
+        nft.fail_next_lists(1);
+        assert!(nft.list_table().unwrap_err().is_not_found());
+    }
+
+    #[test]
+    fn listing_shows_rules_as_nft_does() {
+        let nft = FakeNftables::new(Family::Ip);
+        let mut tx = Transaction::new();
+        tx.push(Operation::AddTable);
+        tx.push(Operation::AddChain(crate::nftables::Chain::regular("m")));
+        tx.push(Operation::AddRule(crate::nftables::Rule {
+            chain: "m".into(),
+            text: "mark set mark or 0x4000".into(),
+            comment: None,
+        }));
+        nft.run(&tx).unwrap();
+        let listed = nft.list_table().unwrap().unwrap();
+        assert_eq!(listed.chains["m"].rules[0].0, "meta mark set meta mark | 0x00004000");
+        // The fake's own view keeps what was written (for Dump() comparisons).
+        assert_eq!(nft.table().chains["m"].rules[0].0, "mark set mark or 0x4000");
     }
 }

@@ -5,8 +5,12 @@
 //! Nothing outside this module knows how `nft` is invoked. The nftables proxier
 //! (`proxier::nftables`) builds [`Transaction`]s; the writer applies them atomically.
 
+pub mod canonical;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod kernel;
+pub mod listing;
+pub mod runner;
 pub mod table;
 pub mod transaction;
 
@@ -14,6 +18,8 @@ use std::fmt;
 
 use crate::model::IpFamily;
 
+pub use canonical::canonical_rule;
+pub use runner::{NftOptions, NftRunner, cleanup_tables};
 pub use table::{ApplyError, ApplyErrorReason, TableState, sort_dump};
 pub use transaction::{BaseChain, Chain, ChainType, Element, Hook, Operation, Rule, Set, SetKind, Transaction};
 
@@ -88,6 +94,17 @@ pub enum NftError {
     Unavailable { family: Family, message: String },
 }
 
+impl NftError {
+    /// Whether nft said the object does not exist (knftables' `IsNotFound`: "No such file or
+    /// directory"), as when deleting a table that is not there.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            NftError::Rejected { message, .. } | NftError::List { message, .. } => runner::is_not_found_output(message),
+            NftError::Unavailable { .. } => false,
+        }
+    }
+}
+
 /// One family's `kube-proxy` table in the kernel (upstream's `knftables.Interface`, reduced
 /// to what kube-proxy uses). Implementations: the `nft` runner, and `fake::FakeNftables`.
 pub trait Nftables: Send + Sync {
@@ -99,7 +116,9 @@ pub trait Nftables: Send + Sync {
     /// Checks `tx` without applying it (`nft --check`).
     fn check(&self, tx: &Transaction) -> Result<(), NftError>;
 
-    /// Reads the whole table; `None` when it does not exist.
+    /// Reads the whole table; `None` when it does not exist. Rules come back as nft lists
+    /// them, in its canonical words: compare with [`canonical_rule`] of what was written (or
+    /// use [`TableState::as_listed`] on a whole model).
     fn list_table(&self) -> Result<Option<TableState>, NftError>;
 
     /// Whether the kernel keeps comments on tables, chains, sets and maps (knftables leaves

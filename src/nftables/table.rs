@@ -6,10 +6,13 @@
 //! * objects must exist to be flushed, deleted, or added to (rules, elements);
 //! * a rule may only `jump`/`goto` existing chains and name (`@set`) existing sets and maps;
 //!   a map element's verdict may only name an existing chain;
-//! * a chain or set still referenced (by a rule or a map element) or a chain still holding
-//!   rules cannot be deleted (`EBUSY`);
+//! * a chain or set still referenced (by a rule of another chain or a map element) cannot be
+//!   deleted (`EBUSY`); a chain still holding rules is deleted with them (as kernel 6.18
+//!   does for nft's `delete chain`);
 //! * adding an element whose key exists with another value fails (`EEXIST`: upstream deletes
-//!   then adds); with the same value it is a no-op, as is adding an existing object.
+//!   then adds); with the same value it is a no-op, as is adding an existing object, except
+//!   that an existing set or map added again takes the new default timeout (and must have
+//!   the same type and flags: `EEXIST`).
 //!
 //! [`TableState::dump`] writes the table as knftables' fake `Dump()` does (the form
 //! upstream's tests compare, and an order `nft -f` accepts on a node without the table):
@@ -21,6 +24,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::Family;
 use super::transaction::{Chain, Element, Operation, Rule, Set, SetKind, Transaction, write_operation};
+
+/// Set flags compared regardless of the order written.
+fn sorted(flags: &[String]) -> BTreeSet<&str> {
+    flags.iter().map(String::as_str).collect()
+}
 
 /// Why the kernel (as modelled) refused a transaction: the failing operation, by its index
 /// and text, and the error the kernel gives.
@@ -175,7 +183,10 @@ impl TableState {
             Operation::AddChain(chain) => {
                 self.require_table()?;
                 match self.chains.get(&chain.name) {
-                    Some(existing) if existing.chain.base != chain.base => {
+                    // A plain `add chain` of an existing chain, base or not, changes nothing
+                    // (upstream relies on it: add then delete each base chain at start-up);
+                    // a base declaration must match the existing chain's.
+                    Some(existing) if chain.base.is_some() && existing.chain.base != chain.base => {
                         return Err(ApplyErrorReason::Exists(format!(
                             "chain {} exists with another type, hook or priority",
                             chain.name
@@ -195,10 +206,13 @@ impl TableState {
             }
             Operation::DeleteChain(name) => {
                 self.require_table()?;
-                let chain = self.chains.get(name).ok_or_else(|| ApplyErrorReason::NotFound(format!("chain {name}")))?;
-                if !chain.rules.is_empty() {
-                    return Err(ApplyErrorReason::Busy(format!("chain {name} holds rules")));
+                if !self.chains.contains_key(name) {
+                    return Err(ApplyErrorReason::NotFound(format!("chain {name}")));
                 }
+                // A chain still holding rules is deleted with them (measured on kernel 6.18
+                // with nft 1.0.6: nft sends a recursive delete; kernels before the
+                // recursive `NFT_MSG_DELCHAIN` refused it with EBUSY). Only references from
+                // other chains or from map elements keep it.
                 if let Some(why) = self.chain_referenced(name) {
                     return Err(ApplyErrorReason::Busy(why));
                 }
@@ -215,7 +229,7 @@ impl TableState {
             }
             Operation::AddSet(set) => {
                 self.require_table()?;
-                match self.sets.get(&set.name) {
+                match self.sets.get_mut(&set.name) {
                     Some(existing) if existing.set.kind != set.kind || existing.set.set_type != set.set_type => {
                         return Err(ApplyErrorReason::Exists(format!(
                             "{} {} exists with another type",
@@ -223,7 +237,17 @@ impl TableState {
                             set.name
                         )));
                     }
-                    Some(_) => {}
+                    Some(existing) if sorted(&existing.set.flags) != sorted(&set.flags) => {
+                        return Err(ApplyErrorReason::Exists(format!(
+                            "{} {} exists with other flags",
+                            existing.set.kind.as_str(),
+                            set.name
+                        )));
+                    }
+                    // Adding an existing set again replaces its default timeout (none when
+                    // the new declaration has none) and keeps its comment: measured on
+                    // kernel 6.18 with nft 1.0.6.
+                    Some(existing) => existing.set.timeout_secs = set.timeout_secs,
                     None => {
                         self.sets.insert(set.name.clone(), SetState { set: set.clone(), elements: BTreeMap::new() });
                     }
@@ -354,6 +378,35 @@ impl TableState {
         out
     }
 
+    /// The table as `nft list` shows it ([`super::Nftables::list_table`]): rule text in nft's
+    /// canonical words ([`super::canonical_rule`]), element keys and values likewise, set
+    /// flags in nft's order. What the fake lists, and what a real listing of a table written
+    /// from this model equals.
+    pub fn as_listed(&self) -> TableState {
+        let mut listed = self.clone();
+        for chain in listed.chains.values_mut() {
+            for (text, _) in &mut chain.rules {
+                *text = super::canonical_rule(text);
+            }
+        }
+        for set in listed.sets.values_mut() {
+            set.set.flags = super::listing::listed_flag_order(&set.set.flags);
+            let elements = std::mem::take(&mut set.elements);
+            for (_, mut element) in elements {
+                let canonical = |parts: &[String]| -> Vec<String> {
+                    if parts.len() == 1 && (parts[0].starts_with("goto ") || parts[0].starts_with("jump ")) {
+                        return parts.to_vec();
+                    }
+                    parts.iter().map(|p| super::canonical::canonical_element(p)).collect()
+                };
+                element.key = canonical(&element.key);
+                element.value = canonical(&element.value);
+                set.elements.insert(join_key(&element.key), element);
+            }
+        }
+        listed
+    }
+
     /// Counts of what the table holds: (chains, rules, sets and maps, elements).
     pub fn counts(&self) -> (usize, usize, usize, usize) {
         let rules = self.chains.values().map(|c| c.rules.len()).sum();
@@ -470,11 +523,18 @@ mod tests {
             let err = t.apply(&tx(vec![op])).unwrap_err();
             assert!(matches!(err.reason, ApplyErrorReason::NotFound(_)), "{err}");
         }
-        // Deleting a chain a map element still points at, or one with rules.
+        // Deleting a chain a map element still points at, or one a rule jumps to.
         let err = t.apply(&tx(vec![Operation::DeleteChain("service-A".into())])).unwrap_err();
         assert!(matches!(err.reason, ApplyErrorReason::Busy(_)), "{err}");
         let err = t.apply(&tx(vec![Operation::DeleteChain("services".into())])).unwrap_err();
         assert!(matches!(err.reason, ApplyErrorReason::Busy(_)), "{err}");
+        // A chain with rules that nothing refers to goes, rules and all.
+        let mut scratch = t.clone();
+        scratch
+            .apply(&tx(vec![Operation::AddChain(Chain::regular("lone")), rule("lone", "ip saddr @service-ips drop")]))
+            .expect("a chain with a rule");
+        scratch.apply(&tx(vec![Operation::DeleteChain("lone".into())])).expect("deleted with its rule");
+        assert!(!scratch.chains.contains_key("lone"));
         // Another value for an existing key.
         let err = t.apply(&tx(vec![element("service-ips", &["10.0.0.1", "tcp", "80"], "drop")])).unwrap_err();
         assert!(matches!(err.reason, ApplyErrorReason::Exists(_)), "{err}");
@@ -495,6 +555,29 @@ mod tests {
         ]))
         .expect("unreferenced chain deletes");
         assert!(!t.chains.contains_key("service-A"));
+    }
+
+    #[test]
+    fn a_set_added_again_takes_the_new_timeout_and_keeps_its_comment() {
+        let mut t = base();
+        let affinity = |flags: &[&str], timeout_secs: Option<u64>, comment: Option<&str>| {
+            Operation::AddSet(Set {
+                kind: SetKind::Set,
+                name: "affinity".into(),
+                set_type: "ipv4_addr".into(),
+                flags: flags.iter().map(|f| f.to_string()).collect(),
+                timeout_secs,
+                comment: comment.map(Into::into),
+            })
+        };
+        t.apply(&tx(vec![affinity(&["dynamic", "timeout"], Some(10800), Some("first"))])).unwrap();
+        t.apply(&tx(vec![affinity(&["timeout", "dynamic"], Some(60), Some("second"))])).unwrap();
+        assert_eq!(t.sets["affinity"].set.timeout_secs, Some(60));
+        assert_eq!(t.sets["affinity"].set.comment.as_deref(), Some("first"));
+        t.apply(&tx(vec![affinity(&["dynamic", "timeout"], None, None)])).unwrap();
+        assert_eq!(t.sets["affinity"].set.timeout_secs, None);
+        let err = t.apply(&tx(vec![affinity(&["timeout"], Some(60), None)])).unwrap_err();
+        assert!(matches!(err.reason, ApplyErrorReason::Exists(_)), "{err}");
     }
 
     #[test]
