@@ -260,7 +260,7 @@ impl TableState {
             }
             Operation::DeleteSet { kind, name } => {
                 self.require_table()?;
-                if !self.sets.get(name).is_some_and(|s| s.set.kind == *kind) {
+                if self.sets.get(name).is_none_or(|s| s.set.kind != *kind) {
                     return Err(ApplyErrorReason::NotFound(format!("{} {name}", kind.as_str())));
                 }
                 if let Some(why) = self.set_referenced(name) {
