@@ -39,9 +39,11 @@ fn assert_spread(outcomes: &[Outcome], pods: &[&str], what: &str) {
 }
 
 async fn wait_answered(c: &Cluster, from: &impl NsName, dst: std::net::SocketAddr, pods: &[&str]) {
-    let answered = poll_until(PROGRAMMED, SLOW_POLL, || {
-        matches!(tcp_request(from, dst, None), Ok(r) if pods.contains(&r.pod.as_str()))
-    });
+    let answered = poll_until(
+        PROGRAMMED,
+        SLOW_POLL,
+        || matches!(tcp_request(from, dst, None), Ok(r) if pods.contains(&r.pod.as_str())),
+    );
     if answered.await.is_none() {
         panic!("{dst} not answered by {pods:?}\n{}\n{}", c.nft_table("ip"), c.log());
     }
@@ -60,10 +62,12 @@ async fn nftables_mode_serves_services_and_switches_with_iptables_mode_both_ways
     let mut c = Cluster::network("nftmode").await;
     let (a1, a2, b1) = (c.pod(POD_A1), c.pod(POD_A2), c.pod(POD_B1));
     let names = [a1.name, a2.name, b1.name];
+    let (all_three, scaled_down) = (pods_slice("web", &[a1, a2, b1]).build(), pods_slice("web", &[a1, a2]).build());
+    let (a1, a2, b1_ip) = (a1.name, a2.name, b1.ip.clone());
     let cpod = c.pod(CPOD).ns.name.clone();
     let web = svc(NS, "web").type_("NodePort").cluster_ip("198.19.0.10").node_port("http", 80, 30080);
     c.server.create(&web.udp("dns", 53).tcp("echo", 81).build());
-    c.server.create(&pods_slice("web", &[a1, a2, b1]).build());
+    c.server.create(&all_three);
     let (http, dns, echo) = (sa("198.19.0.10", 80), sa("198.19.0.10", 53), sa("198.19.0.10", 81));
 
     // iptables mode first, as the node ran before.
@@ -93,9 +97,9 @@ async fn nftables_mode_serves_services_and_switches_with_iptables_mode_both_ways
     eprintln!("switched to nftables mode and served in {:.1}s", t.elapsed().as_secs_f64());
 
     // A change is followed by a partial sync.
-    c.server.update(&pods_slice("web", &[a1, a2]).build());
-    eventually("pod-b1 removed", PROGRAMMED, || !c.nft_table("ip").contains(&b1.ip)).await;
-    assert_spread(&tcp_requests(&cpod, http, None, 40), &[a1.name, a2.name], "TCP after scaling down (nftables)");
+    c.server.update(&scaled_down);
+    eventually("pod-b1 removed", PROGRAMMED, || !c.nft_table("ip").contains(&b1_ip)).await;
+    assert_spread(&tcp_requests(&cpod, http, None, 40), &[a1, a2], "TCP after scaling down (nftables)");
     assert!(c.log().contains("mode=nftables"), "{}", c.log());
     stop_daemon(&mut c).await;
     assert!(c.nft_table("ip").contains("198.19.0.10"), "the rules stay on shutdown");
@@ -105,6 +109,6 @@ async fn nftables_mode_serves_services_and_switches_with_iptables_mode_both_ways
     eventually("the kube-proxy table deleted", PROGRAMMED, || c.nft_table("ip").is_empty()).await;
     assert!(c.nat().contains("KUBE-SERVICES"), "{}", c.nat());
     assert!(flow.request().is_ok(), "the connection survives the switch back\n{}", c.log());
-    wait_answered(&c, &cpod, http, &[a1.name, a2.name]).await;
+    wait_answered(&c, &cpod, http, &[a1, a2]).await;
     stop_daemon(&mut c).await;
 }
