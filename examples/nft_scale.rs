@@ -5,12 +5,19 @@
 //! the kernel runner makes it) and measured inside the timed sync; with `--fake` the fake's
 //! applying (a copy of the whole table per transaction, for atomicity) is inside it too.
 //!
-//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake] [--runs 3] [--partials 9]
+//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS]
+//!
+//! `--kernel` (root): the real runner ([`NftRunner`], `ip netns exec NS nft -f -`) in a network
+//! namespace this program creates for each run and deletes (also on a panic; a kill leaves
+//! `kprs-nft-scale-PID-RUN` to `ip netns del`). Each kernel run also measures the floor on the
+//! table the first sync wrote: one `nft -f` transaction adding one chain and one `goto` rule
+//! (median of `--partials`), so the syncs can be read against what any transaction costs.
+//! `--chunk OPS` sets the proxier's chunk size for full syncs (`with_chunk_operations`).
 //!
 //! Each run (a fresh proxier): the first (full) sync; `--partials` one-endpoint changes (one
 //! endpoint of one Service gets another address; one partial sync each); a forced full sync
 //! against the table (with `--fake`: the table as listed, so nothing should be sent; without:
-//! no table, so everything is). Prints each run, then the medians over the runs (a run's
+//! no table, so everything is; with `--kernel`: the table as the kernel lists it). Prints each run, then the medians over the runs (a run's
 //! partial figure is the median of its partial syncs).
 
 // An example reports on stdout.
@@ -23,9 +30,12 @@ use std::time::{Duration, Instant};
 
 use cap::Cap;
 use kube_proxy_rs::compat::{Features, Release};
+use kube_proxy_rs::exec::{Command, Exec, RealExec};
 use kube_proxy_rs::model::{Cidr, IpFamily, NamespacedName};
 use kube_proxy_rs::nftables::fake::FakeNftables;
-use kube_proxy_rs::nftables::{Family, NftError, Nftables, TableState, Transaction};
+use kube_proxy_rs::nftables::{
+    Chain, Family, NftError, NftOptions, NftRunner, Nftables, Operation, Rule, TableState, Transaction,
+};
 use kube_proxy_rs::proxier::StaticInterfaces;
 use kube_proxy_rs::proxier::local_detect::LocalDetector;
 use kube_proxy_rs::proxier::nftables::{NftProxierConfig, NftRenderConfig, NftSyncOutcome, NftablesProxier};
@@ -35,10 +45,43 @@ use kube_proxy_rs::synthetic::{self, ClusterShape};
 #[global_allocator]
 static ALLOCATOR: Cap<alloc::System> = Cap::new(alloc::System, usize::MAX);
 
+/// A network namespace deleted on drop (also when a run panics).
+struct Netns(String);
+
+impl Netns {
+    fn create(run: usize) -> Netns {
+        let name = format!("kprs-nft-scale-{}-{run}", std::process::id());
+        let out = RealExec.run(&Command::new("ip").args(["netns", "add", name.as_str()])).expect("run ip");
+        assert!(out.success(), "ip netns add {name}: {}", out.combined());
+        Netns(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        match RealExec.run(&Command::new("ip").args(["netns", "del", self.0.as_str()])) {
+            Ok(out) if out.success() => {}
+            Ok(out) => eprintln!("ip netns del {}: {}", self.0, out.combined()),
+            Err(e) => eprintln!("ip netns del {}: {e}", self.0),
+        }
+    }
+}
+
+/// Which kernel the proxier writes to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Transactions are counted and dropped.
+    Counting,
+    /// `FakeNftables` applies them in memory.
+    Fake,
+    /// The real runner, in a namespace of its own.
+    Kernel,
+}
+
 /// A kernel that counts every transaction (operations, transactions, bytes of `nft -f` text)
-/// and hands it to the fake when there is one.
+/// and hands it to the inner kernel when there is one.
 struct Counting {
-    inner: Option<Arc<FakeNftables>>,
+    inner: Option<Arc<dyn Nftables>>,
     ops: AtomicUsize,
     txs: AtomicUsize,
     bytes: AtomicUsize,
@@ -49,11 +92,23 @@ impl Nftables for Counting {
         Family::Ip
     }
 
+    fn object_comments(&self) -> bool {
+        self.inner.as_ref().is_none_or(|k| k.object_comments())
+    }
+
     fn run(&self, tx: &Transaction) -> Result<(), NftError> {
         self.ops.fetch_add(tx.len(), Ordering::Relaxed);
         self.txs.fetch_add(1, Ordering::Relaxed);
         // What the writer would send.
-        self.bytes.fetch_add(tx.text(Family::Ip, true).len(), Ordering::Relaxed);
+        let text = tx.text(Family::Ip, self.object_comments());
+        self.bytes.fetch_add(text.len(), Ordering::Relaxed);
+        // For experiments by hand: every transaction's text, appended to this file.
+        if let Ok(path) = std::env::var("NFT_SCALE_DUMP") {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("dump file");
+            writeln!(f, "# transaction: {} operations", tx.len()).expect("dump");
+            f.write_all(text.as_bytes()).expect("dump");
+        }
         match &self.inner {
             Some(fake) => fake.run(tx),
             None => Ok(()),
@@ -154,16 +209,65 @@ fn row(name: &str, p: &Phase) {
     );
 }
 
+#[derive(Clone, Copy)]
 struct Run {
     first: Phase,
     partial: Phase,
     forced: Phase,
+    /// Kernel mode: one transaction adding a chain and a `goto` rule (median).
+    floor: Option<Duration>,
 }
 
-fn one_run(services: usize, per: usize, release: Release, fake_mode: bool, partials: usize) -> Run {
+/// The median time of `repeats` transactions each adding a chain with one `goto` rule to the
+/// table the proxier wrote (then deleting it, untimed). `masquerading` is a fixed chain in every release.
+fn floor(kernel: &dyn Nftables, repeats: usize) -> Duration {
+    let mut times: Vec<Duration> = (0..repeats)
+        .map(|r| {
+            let name = format!("floor-{r}");
+            let add = Transaction {
+                ops: vec![
+                    Operation::AddChain(Chain::regular(name.clone())),
+                    Operation::AddRule(Rule { chain: name.clone(), text: "goto masquerading".into(), comment: None }),
+                ],
+            };
+            let started = Instant::now();
+            kernel.run(&add).unwrap_or_else(|e| panic!("{e}"));
+            let elapsed = started.elapsed();
+            kernel.run(&Transaction { ops: vec![Operation::DeleteChain(name)] }).unwrap_or_else(|e| panic!("{e}"));
+            elapsed
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+struct Options {
+    services: usize,
+    per: usize,
+    release: Release,
+    mode: Mode,
+    partials: usize,
+    chunk: Option<usize>,
+}
+
+fn one_run(o: &Options, run: usize) -> Run {
+    let (services, per, release, partials) = (o.services, o.per, o.release, o.partials);
     let fake = Arc::new(FakeNftables::new(Family::Ip));
+    let netns = (o.mode == Mode::Kernel).then(|| Netns::create(run));
+    let inner: Option<Arc<dyn Nftables>> = match (&netns, o.mode) {
+        (Some(ns), _) => {
+            let options = NftOptions {
+                netns: Some(ns.0.clone()),
+                command_timeout: Duration::from_secs(900),
+                ..NftOptions::default()
+            };
+            Some(Arc::new(NftRunner::new(Arc::new(RealExec), Family::Ip, options).unwrap_or_else(|e| panic!("{e}"))))
+        }
+        (None, Mode::Fake) => Some(fake.clone()),
+        (None, _) => None,
+    };
     let kernel = Arc::new(Counting {
-        inner: fake_mode.then(|| fake.clone()),
+        inner: inner.clone(),
         ops: AtomicUsize::new(0),
         txs: AtomicUsize::new(0),
         bytes: AtomicUsize::new(0),
@@ -183,6 +287,9 @@ fn one_run(services: usize, per: usize, release: Release, fake_mode: bool, parti
     };
     let mut proxier =
         NftablesProxier::new(cfg, kernel.clone(), Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])));
+    if let Some(chunk) = o.chunk {
+        proxier = proxier.with_chunk_operations(chunk);
+    }
     proxier.on_service_cidrs(&["172.16.0.0/12".into()]);
     // Objects are made one at a time and dropped, as the watches do.
     for i in 0..services {
@@ -202,6 +309,10 @@ fn one_run(services: usize, per: usize, release: Release, fake_mode: bool, parti
     let mut now = Instant::now();
     let first = sync(&mut proxier, &kernel, now, "first sync");
     row("first sync", &first);
+    let floor = inner.as_deref().filter(|_| o.mode == Mode::Kernel).map(|k| floor(k, partials));
+    if let Some(f) = floor {
+        println!("| floor: one chain + one `goto` rule, one transaction (median) | {} | 2 in 1 | | | | |", ms(f));
+    }
 
     let mut partial = Vec::new();
     for k in 0..partials {
@@ -233,12 +344,16 @@ fn one_run(services: usize, per: usize, release: Release, fake_mode: bool, parti
     proxier.force_full_sync();
     let forced = sync(&mut proxier, &kernel, now, "forced full sync");
     row("forced full sync", &forced);
-    if fake_mode {
+    if o.mode == Mode::Fake {
         let (chains, rules, sets, elements) = fake.table().counts();
         println!("table: {chains} chains, {rules} rules, {sets} sets and maps, {elements} elements");
     }
     println!();
-    Run { first, partial, forced }
+    drop(proxier);
+    drop(inner);
+    drop(kernel);
+    drop(netns);
+    Run { first, partial, forced, floor }
 }
 
 fn main() {
@@ -251,17 +366,30 @@ fn main() {
         Some(r) => r.parse().expect("release"),
         None => Release::V1_35,
     };
-    let fake_mode = std::env::args().any(|a| a == "--fake");
+    let mode = if std::env::args().any(|a| a == "--kernel") {
+        Mode::Kernel
+    } else if std::env::args().any(|a| a == "--fake") {
+        Mode::Fake
+    } else {
+        Mode::Counting
+    };
     let runs: usize = arg("--runs").and_then(|p| p.parse().ok()).unwrap_or(3).max(1);
     let partials: usize = arg("--partials").and_then(|p| p.parse().ok()).unwrap_or(9).max(1);
+    let chunk: Option<usize> = arg("--chunk").and_then(|p| p.parse().ok());
     println!(
-        "{services} services × {per} endpoints, release {release}, kernel: {}, {runs} runs of {partials} partial syncs",
-        if fake_mode { "FakeNftables (applies)" } else { "counting only" }
+        "{services} services × {per} endpoints, release {release}, kernel: {}, {runs} runs of {partials} partial syncs, chunk {}",
+        match mode {
+            Mode::Kernel => "nft in a network namespace",
+            Mode::Fake => "FakeNftables (applies)",
+            Mode::Counting => "counting only",
+        },
+        chunk.map_or("default".to_string(), |c| c.to_string()),
     );
+    let options = Options { services, per, release, mode, partials, chunk };
     let mut all = Vec::new();
     for run in 0..runs {
         println!("## run {}", run + 1);
-        all.push(one_run(services, per, release, fake_mode, partials));
+        all.push(one_run(&options, run));
     }
     let first = median_by(&all.iter().map(|r| r.first).collect::<Vec<_>>(), |p| p.elapsed);
     let partial = median_by(&all.iter().map(|r| r.partial).collect::<Vec<_>>(), |p| p.elapsed);
@@ -271,5 +399,11 @@ fn main() {
     println!("|---|---:|---:|---:|");
     for (name, p) in [("first sync", first), ("one endpoint changed", partial), ("forced full sync", forced)] {
         println!("| {name} | {} | {} in {} | {} |", ms(p.elapsed), p.ops, p.txs, p.bytes);
+    }
+    let floors: Vec<Duration> = all.iter().filter_map(|r| r.floor).collect();
+    if !floors.is_empty() {
+        let mut floors = floors;
+        floors.sort();
+        println!("| floor: chain + `goto` rule | {} | 2 in 1 | |", ms(floors[floors.len() / 2]));
     }
 }
