@@ -291,6 +291,31 @@ fn exercised_metrics(release: Release) -> Metrics {
     m
 }
 
+/// nftables mode's registry of `release` after a failed sync whose stale-chain cleanup failed
+/// too, so both of its counters have a series.
+fn exercised_nftables_metrics(release: Release) -> Metrics {
+    use kube_proxy_rs::nftables::{Family, NftError};
+    use kube_proxy_rs::proxier::nftables::{NftSyncError, NftSyncReport};
+    let m = Metrics::for_mode(release, kube_proxy_rs::config::ProxyMode::Nftables).expect("metrics");
+    let report = NftSyncReport {
+        full: true,
+        transaction: None,
+        stats: Default::default(),
+        service_update: ServiceUpdateResult::default(),
+        endpoints_update: EndpointsUpdateResult::default(),
+        result: Err(NftSyncError::Transaction {
+            source: NftError::Rejected { family: Family::Ip, message: "refused".into() },
+        }),
+        retry_after: None,
+        elapsed: Duration::from_millis(2),
+        stale_chain_cleanup_failed: true,
+        service_health: None,
+        conntrack_cleanup: None,
+    };
+    m.record_nftables_sync(IpFamily::V4, &report, UNIX_EPOCH + Duration::from_secs(2));
+    m
+}
+
 fn type_name(t: MetricType) -> &'static str {
     match t {
         MetricType::COUNTER => "counter",
@@ -306,6 +331,7 @@ fn every_metric_is_documented() {
     // Every metric of any release: 1.29's, and the newest's (which adds the accounting counters).
     let mut families = exercised_metrics(Release::V1_29).registry().gather();
     families.extend(exercised_metrics(Release::NEWEST).registry().gather());
+    families.extend(exercised_nftables_metrics("1.31".parse().expect("release")).registry().gather());
     // Stable: where both releases have a metric, 1.29's (unlabelled) one is kept.
     families.sort_by(|a, b| a.name().cmp(b.name()));
     families.dedup_by(|later, first| later.name() == first.name());

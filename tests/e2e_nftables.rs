@@ -95,6 +95,17 @@ async fn nftables_mode_serves_services_and_switches_with_iptables_mode_both_ways
         "NodePort from outside (nftables)",
     );
     eprintln!("switched to nftables mode and served in {:.1}s", t.elapsed().as_secs_f64());
+    let get = |path: &str| {
+        c.node_a.ok(&[
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/127.0.0.1/10249; printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"),
+        ])
+    };
+    assert!(get("/proxyMode").ends_with("nftables"), "{}", get("/proxyMode"));
+    let metrics = get("/metrics");
+    assert!(metrics.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}"), "{metrics}");
+    assert!(!metrics.contains("kubeproxy_sync_proxy_rules_iptables_total"), "iptables-only metrics (1.34+): {metrics}");
 
     // A change is followed by a partial sync.
     c.server.update(&scaled_down);

@@ -360,7 +360,8 @@ async fn daemon_main(
         servers.push(tokio::spawn(daemon.health.clone().serve(l, shutdown.clone())));
     }
     if let Some(addr) = settings.metrics_bind_address {
-        let server = crate::serve::health::MetricsServer::new(daemon.metrics.clone(), &config_json)?;
+        let server =
+            crate::serve::health::MetricsServer::new(daemon.metrics.clone(), &config_json)?.with_proxy_mode(mode);
         if let Some(l) =
             bind_or_retry("metrics server", addr, settings.bind_address_hard_fail, &metrics_failure, &shutdown).await?
         {

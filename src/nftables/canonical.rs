@@ -408,6 +408,18 @@ fn merge_intervals(mut ranges: Vec<AddrRange>) -> Vec<AddrRange> {
     merged
 }
 
+/// nft's order of set flags when listing (src/rule.c `set_print_declaration`).
+const FLAG_ORDER: &[&str] = &["constant", "dynamic", "interval", "timeout"];
+
+/// Orders set flags as nft lists them; unknown flags keep their place after the known ones.
+pub fn listed_flag_order(flags: &[String]) -> Vec<String> {
+    let mut known: Vec<String> =
+        FLAG_ORDER.iter().filter(|f| flags.iter().any(|g| g == *f)).map(|f| f.to_string()).collect();
+    known.extend(flags.iter().filter(|f| !FLAG_ORDER.contains(&f.as_str())).cloned());
+    known.dedup();
+    known
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,7 @@
 
 use std::collections::BTreeMap;
 
+pub use super::canonical::listed_flag_order;
 use super::table::{ChainState, ElementState, SetState, TableState};
 use super::transaction::{BaseChain, Chain, ChainType, Hook, Set, SetKind};
 
@@ -36,18 +37,6 @@ pub struct ListingError {
     pub line: usize,
     pub text: String,
     pub reason: String,
-}
-
-/// nft's order of set flags when listing (src/rule.c `set_print_declaration`).
-const FLAG_ORDER: &[&str] = &["constant", "dynamic", "interval", "timeout"];
-
-/// Orders set flags as nft lists them; unknown flags keep their place after the known ones.
-pub fn listed_flag_order(flags: &[String]) -> Vec<String> {
-    let mut known: Vec<String> =
-        FLAG_ORDER.iter().filter(|f| flags.iter().any(|g| g == *f)).map(|f| f.to_string()).collect();
-    known.extend(flags.iter().filter(|f| !FLAG_ORDER.contains(&f.as_str())).cloned());
-    known.dedup();
-    known
 }
 
 /// Parses the listing of one table. `None` when the text holds no table.

@@ -390,7 +390,7 @@ impl TableState {
             }
         }
         for set in listed.sets.values_mut() {
-            set.set.flags = super::listing::listed_flag_order(&set.set.flags);
+            set.set.flags = super::canonical::listed_flag_order(&set.set.flags);
             let elements = std::mem::take(&mut set.elements);
             for (_, mut element) in elements {
                 let canonical = |parts: &[String]| -> Vec<String> {

@@ -35,7 +35,7 @@ use crate::serve::http::{self, Body, Limits, respond};
 /// Taint the cluster autoscaler puts on a node it is about to delete.
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
-/// What `/proxyMode` answers.
+/// What `/proxyMode` answers unless told the mode ([`MetricsServer::with_proxy_mode`]).
 pub const PROXY_MODE: &str = "iptables";
 
 /// The key `/configz` files the configuration under (the API group of
@@ -547,6 +547,8 @@ pub struct MetricsServer {
     metrics: Arc<Metrics>,
     /// `/configz` body, rendered once.
     configz: String,
+    /// What `/proxyMode` answers.
+    proxy_mode: &'static str,
 }
 
 impl MetricsServer {
@@ -555,7 +557,13 @@ impl MetricsServer {
         let mut doc = serde_json::Map::new();
         doc.insert(CONFIGZ_KEY.to_string(), config.clone());
         let configz = serde_json::to_string(&doc).map_err(HealthError::Configz)?;
-        Ok(MetricsServer { metrics, configz })
+        Ok(MetricsServer { metrics, configz, proxy_mode: PROXY_MODE })
+    }
+
+    /// `/proxyMode` answers `mode` (`iptables` or `nftables`).
+    pub fn with_proxy_mode(mut self, mode: crate::config::ProxyMode) -> Self {
+        self.proxy_mode = mode.as_str();
+        self
     }
 
     fn handle(&self, req: &Request<Incoming>) -> Response<Body> {
@@ -574,7 +582,7 @@ impl MetricsServer {
                 respond(StatusCode::OK, TEXT, body)
             }
             "/healthz/ping" => respond(StatusCode::OK, TEXT, "ok"),
-            "/proxyMode" => respond(StatusCode::OK, TEXT, PROXY_MODE),
+            "/proxyMode" => respond(StatusCode::OK, TEXT, self.proxy_mode),
             "/configz" => respond(StatusCode::OK, JSON, self.configz.clone()),
             _ => http::not_found(),
         }

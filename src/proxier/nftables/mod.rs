@@ -128,6 +128,9 @@ pub struct NftSyncReport {
     pub conntrack_cleanup: Option<CleanupJob>,
 }
 
+/// Stores the ServiceCIDRs for a proxier without locking it ([`NftablesProxier::service_cidr_sink`]).
+pub type ServiceCidrSink = Arc<dyn Fn(&[String]) + Send + Sync>;
+
 /// Keeps the CIDRs of `family` (upstream: `netutils.IsIPv4CIDRString`, the rest IPv6),
 /// sorted and without repeats.
 fn store_service_cidrs(store: &Mutex<Vec<String>>, family: IpFamily, cidrs: &[String]) {
@@ -289,7 +292,7 @@ impl NftablesProxier {
 
     /// [`Self::on_service_cidrs`] for the watch, which must not wait for a sync holding the
     /// proxier.
-    pub fn service_cidr_sink(&self) -> Arc<dyn Fn(&[String]) + Send + Sync> {
+    pub fn service_cidr_sink(&self) -> ServiceCidrSink {
         let store = self.service_cidrs.clone();
         let family = self.cfg.render.family;
         Arc::new(move |cidrs: &[String]| store_service_cidrs(&store, family, cidrs))

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::model::{EndpointRef, NamespacedName, ServicePortName, ServicePortRef};
+use crate::nftables::canonical_rule;
 use crate::nftables::table::{ElementState, SetState, set_references};
 use crate::nftables::{Chain, Element, Family, NftError, Operation, Rule, Set, SetKind, TableState, Transaction};
 use crate::tracker::{EndpointsMap, ServicePortMap};
@@ -468,9 +469,14 @@ fn split_parts(joined: &str) -> Vec<String> {
 }
 
 /// Whether rules as the kernel holds them (text and comment) are `rules`.
+/// Whether a listed chain holds `rules`. A listing shows rules in nft's canonical words
+/// (`mark and 0x4000 == 0` lists as `meta mark & 0x00004000 == 0x00000000`), so both sides
+/// are compared in them.
 fn same_rules(held: &[(String, Option<String>)], rules: &[RuleSpec]) -> bool {
     held.len() == rules.len()
-        && held.iter().zip(rules).all(|((text, comment), r)| *text == r.text && comment.as_deref() == r.comment)
+        && held.iter().zip(rules).all(|((text, comment), r)| {
+            comment.as_deref() == r.comment && (*text == r.text || canonical_rule(text) == canonical_rule(&r.text))
+        })
 }
 
 fn held_matches(held: &ElementState, want: &Held) -> bool {
