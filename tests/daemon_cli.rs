@@ -261,9 +261,9 @@ fn invalid_config_file_fields_name_the_file_and_field() {
 }
 
 #[test]
-fn non_iptables_modes_are_refused() {
+fn modes_other_than_iptables_and_nftables_are_refused() {
     let dir = Scratch::new("modes");
-    for mode in ["ipvs", "nftables", "kernelspace", "userspace"] {
+    for mode in ["ipvs", "kernelspace", "userspace"] {
         let lines = config_error_lines(&[&format!("--proxy-mode={mode}")]);
         assert_eq!(lines.len(), 1, "{lines:#?}");
         assert!(lines[0].contains(&format!("mode (--proxy-mode): Invalid value: \"{mode}\"")), "{lines:#?}");
@@ -274,10 +274,13 @@ fn non_iptables_modes_are_refused() {
         assert!(lines[0].contains(&format!("mode: Invalid value: \"{mode}\"")), "{lines:#?}");
     }
     let lines = config_error_lines(&["--proxy-mode=ipvs"]);
-    assert!(lines[0].contains("only the iptables proxy mode"), "{lines:#?}");
+    assert!(lines[0].contains("the iptables and nftables proxy modes"), "{lines:#?}");
+    // nftables mode needs a release that has it.
+    let lines = config_error_lines(&["--proxy-mode=nftables", "--compatibility-version=1.30"]);
+    assert!(lines[0].contains("releases 1.31 and later"), "{lines:#?}");
     // Also refused when it would only be written out.
     let out_path = dir.path("never.yaml");
-    config_error_lines(&["--proxy-mode=nftables", &arg("--write-config-to", &out_path)]);
+    config_error_lines(&["--proxy-mode=ipvs", &arg("--write-config-to", &out_path)]);
     assert!(!out_path.exists(), "nothing is written for an invalid configuration");
 }
 

@@ -803,15 +803,17 @@ mod tests {
         }
         assert!(lines.iter().all(|l| !l.contains('\n')));
         let mode = lines.iter().find(|l| l.contains("(--proxy-mode)")).unwrap();
-        assert!(mode.contains("only the iptables proxy mode"), "{mode}");
+        assert!(mode.contains("the iptables and nftables proxy modes"), "{mode}");
     }
 
     #[test]
     fn invalid_file_fields_name_the_file() {
-        let errs = errors(resolve(&args(&["--config=x"]), file("mode: nftables\niptables:\n  syncPeriod: -1s\n")));
+        let errs = errors(resolve(&args(&["--config=x"]), file("mode: ipvs\niptables:\n  syncPeriod: -1s\n")));
         let lines: Vec<String> = errs.iter().map(ToString::to_string).collect();
         assert!(
-            lines.iter().any(|l| l.starts_with("/etc/kp/config.yaml: invalid configuration: mode: Invalid value: \"nftables\"")),
+            lines
+                .iter()
+                .any(|l| l.starts_with("/etc/kp/config.yaml: invalid configuration: mode: Invalid value: \"ipvs\"")),
             "{lines:#?}"
         );
         assert!(lines.iter().any(|l| l.contains("iptables.syncPeriod")), "{lines:#?}");

@@ -448,7 +448,7 @@ impl Default for KubeProxyConfiguration {
 
 impl KubeProxyConfiguration {
     /// The complete configuration as YAML with keys sorted (as Go's encoder writes them).
-    /// [`parse_config`] reads it back to an equal value.
+    /// [`super::parse_config`] reads it back to an equal value.
     pub fn to_yaml(&self) -> String {
         match serde_yaml::to_value(self) {
             Ok(value) => serde_yaml::to_string(&sort_mappings(value)).unwrap_or_default(),

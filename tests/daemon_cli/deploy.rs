@@ -379,6 +379,9 @@ fn rbac_is_exactly_least_privilege() {
         ("", "nodes", "get"),
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
+        // nftables mode drops traffic to unallocated ClusterIPs inside the ServiceCIDRs.
+        ("networking.k8s.io", "servicecidrs", "list"),
+        ("networking.k8s.io", "servicecidrs", "watch"),
         // Events are posted through events.k8s.io/v1 only (src/k8s/events.rs).
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),
