@@ -525,15 +525,7 @@ impl Metrics {
     /// cleanup; only its sync duration includes the cleanup).
     pub fn record_sync(&self, family: IpFamily, report: &SyncReport, elapsed: Duration, now: SystemTime) {
         let fam = self.sync_values(family, &[]);
-        let seconds = elapsed.as_secs_f64();
-        self.sync_proxy_rules_duration.with_label_values(&fam).observe(seconds);
-        if report.full {
-            self.sync_full_proxy_rules_duration.with_label_values(&fam).observe(seconds);
-        } else {
-            self.sync_partial_proxy_rules_duration.with_label_values(&fam).observe(seconds);
-        }
-        self.service_changes_pending.set(0);
-        self.endpoint_changes_pending.set(0);
+        self.sync_ran(&fam, report.full, elapsed);
 
         // A sync that failed while ensuring the jump rules rendered nothing.
         let rendered = !matches!(report.result, Err(SyncError::EnsureChain { .. } | SyncError::EnsureJump { .. }));
@@ -545,16 +537,12 @@ impl Metrics {
         }
 
         match &report.result {
-            Ok(()) => {
-                let now_secs = unix_seconds(now);
-                self.observe_programming(&fam, &report.endpoints_update, now_secs);
-                self.set_no_local_endpoints(
-                    family,
-                    report.stats.no_local_endpoints_internal,
-                    report.stats.no_local_endpoints_external,
-                );
-                self.sync_proxy_rules_last_timestamp.with_label_values(&fam).set(now_secs);
-            }
+            Ok(()) => self.sync_succeeded(
+                family,
+                &report.endpoints_update,
+                (report.stats.no_local_endpoints_internal, report.stats.no_local_endpoints_external),
+                now,
+            ),
             Err(err) => {
                 if matches!(err, SyncError::Restore { .. }) {
                     self.iptables_restore_failures_total.with_label_values(&fam).inc();
@@ -572,48 +560,57 @@ impl Metrics {
     /// last-sync timestamp.
     pub fn record_nftables_sync(&self, family: IpFamily, report: &NftSyncReport, now: SystemTime) {
         let fam = self.sync_values(family, &[]);
-        let seconds = report.elapsed.as_secs_f64();
-        self.sync_proxy_rules_duration.with_label_values(&fam).observe(seconds);
-        let by_kind =
-            if report.full { &self.sync_full_proxy_rules_duration } else { &self.sync_partial_proxy_rules_duration };
-        by_kind.with_label_values(&fam).observe(seconds);
-        self.service_changes_pending.set(0);
-        self.endpoint_changes_pending.set(0);
+        self.sync_ran(&fam, report.full, report.elapsed);
         if report.stale_chain_cleanup_failed {
             self.nftables_cleanup_failures_total.with_label_values(&fam).inc();
         }
         match &report.result {
-            Ok(()) => {
-                let now_secs = unix_seconds(now);
-                self.observe_programming(&fam, &report.endpoints_update, now_secs);
-                self.set_no_local_endpoints(
-                    family,
-                    report.stats.no_local_endpoints_internal,
-                    report.stats.no_local_endpoints_external,
-                );
-                self.sync_proxy_rules_last_timestamp.with_label_values(&fam).set(now_secs);
-            }
+            Ok(()) => self.sync_succeeded(
+                family,
+                &report.endpoints_update,
+                (report.stats.no_local_endpoints_internal, report.stats.no_local_endpoints_external),
+                now,
+            ),
             Err(_) => self.nftables_sync_failures_total.with_label_values(&fam).inc(),
         }
     }
 
-    fn observe_programming(&self, fam: &[&str], update: &crate::tracker::EndpointsUpdateResult, now_secs: f64) {
-        let programming = self.network_programming_duration.with_label_values(fam);
+    /// What every sync records, in either mode: its duration (all syncs, and full or
+    /// partial), and the change trackers drained.
+    fn sync_ran(&self, fam: &[&str], full: bool, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        self.sync_proxy_rules_duration.with_label_values(fam).observe(seconds);
+        let by_kind = if full { &self.sync_full_proxy_rules_duration } else { &self.sync_partial_proxy_rules_duration };
+        by_kind.with_label_values(fam).observe(seconds);
+        self.service_changes_pending.set(0);
+        self.endpoint_changes_pending.set(0);
+    }
+
+    /// What a successful sync records, in either mode: the network programming latency of
+    /// the EndpointSlice changes it applied, the Services with a Local policy and no local
+    /// endpoint (`(internal, external)`), and the last-sync timestamp.
+    fn sync_succeeded(
+        &self,
+        family: IpFamily,
+        update: &crate::tracker::EndpointsUpdateResult,
+        (no_local_internal, no_local_external): (usize, usize),
+        now: SystemTime,
+    ) {
+        let fam = self.sync_values(family, &[]);
+        let now_secs = unix_seconds(now);
+        let programming = self.network_programming_duration.with_label_values(&fam);
         for times in update.last_change_trigger_times.values() {
             for t in times {
                 let trigger = t.as_second() as f64 + f64::from(t.subsec_nanosecond()) / 1e9;
                 programming.observe(now_secs - trigger);
             }
         }
-    }
-
-    fn set_no_local_endpoints(&self, family: IpFamily, internal: usize, external: usize) {
-        self.no_local_endpoints_total
-            .with_label_values(&self.sync_values(family, &["internal"]))
-            .set(gauge_value(internal));
-        self.no_local_endpoints_total
-            .with_label_values(&self.sync_values(family, &["external"]))
-            .set(gauge_value(external));
+        for (policy, count) in [("internal", no_local_internal), ("external", no_local_external)] {
+            self.no_local_endpoints_total
+                .with_label_values(&self.sync_values(family, &[policy]))
+                .set(gauge_value(count));
+        }
+        self.sync_proxy_rules_last_timestamp.with_label_values(&fam).set(now_secs);
     }
 
     /// Records a finished conntrack cleanup: in the releases with the reconciler's metrics

@@ -44,15 +44,16 @@ pub(crate) fn iptables_runners(exec: Arc<dyn Exec>) -> [IptablesRunner; 2] {
 /// iptables or nft is not usable is skipped.
 pub fn cleanup() -> bool {
     let exec: Arc<dyn Exec> = Arc::new(RealExec);
-    let iptables_ok = cleanup_iptables(&iptables_runners(exec.clone()));
+    let runners = iptables_runners(exec.clone());
+    let iptables_ok = cleanup_iptables(&runners.each_ref().map(|r| r as &dyn Iptables));
     let nftables_ok = cleanup_nftables(exec);
     iptables_ok && nftables_ok
 }
 
 /// Removes iptables mode's rules and chains (the families whose iptables is present).
-fn cleanup_iptables(runners: &[IptablesRunner]) -> bool {
+fn cleanup_iptables(runners: &[&dyn Iptables]) -> bool {
     let mut ok = true;
-    for runner in runners {
+    for &runner in runners {
         let family = runner.family();
         if !runner.present() {
             tracing::info!(%family, "iptables not present for this family; nothing to clean up");
@@ -294,22 +295,24 @@ async fn daemon_main(
         crate::config::ProxyMode::Nftables => nftables_writers(&exec, settings.features.release)?,
         crate::config::ProxyMode::Iptables => [None, None],
     };
-    // The other mode's rules go once ours are in place (upstream removes them before its
-    // first sync, leaving the node without service rules in between).
-    let leftovers: Box<dyn FnOnce() + Send> = {
-        let exec = exec.clone();
-        let runners = iptables_runners(exec.clone());
-        match mode {
-            crate::config::ProxyMode::Iptables => Box::new(move || {
-                cleanup_nftables(exec);
-            }),
-            crate::config::ProxyMode::Nftables => Box::new(move || {
-                cleanup_iptables(&runners);
-            }),
-        }
-    };
     let [v4, v6] = runners;
     let (v4, v6): (Arc<dyn Iptables>, Arc<dyn Iptables>) = (Arc::new(v4), Arc::new(v6));
+    // The other mode's rules go once ours are in place (upstream removes them before its
+    // first sync, leaving the node without service rules in between).
+    let leftovers: Box<dyn FnOnce() + Send> = match mode {
+        crate::config::ProxyMode::Iptables => {
+            let exec = exec.clone();
+            Box::new(move || {
+                cleanup_nftables(exec);
+            })
+        }
+        crate::config::ProxyMode::Nftables => {
+            let (v4, v6) = (v4.clone(), v6.clone());
+            Box::new(move || {
+                cleanup_iptables(&[v4.as_ref(), v6.as_ref()]);
+            })
+        }
+    };
     let sysctl: Arc<dyn crate::node::sysctl::Sysctl> = Arc::new(crate::node::sysctl::ProcSysctl::new());
     let interfaces: Arc<dyn crate::proxier::NetworkInterfaces> = Arc::new(HostInterfaces);
     match crate::node::sysctl::apply_conntrack_settings(

@@ -47,7 +47,7 @@ use crate::serve::healthcheck::{ServiceHealthServer, listen_addresses};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    #[error("no {} support for the node's primary IP family {family}", tool_of(*.mode))]
+    #[error("no {mode} support for the node's primary IP family {family}")]
     PrimaryFamilyUnsupported { family: IpFamily, mode: ProxyMode },
     #[error("failed to set up sysctl {name}: {reason}")]
     Sysctl { name: &'static str, reason: String },
@@ -55,13 +55,6 @@ pub enum DaemonError {
     Runner(#[from] crate::daemon::runner::RunnerError),
     #[error("failed to create metrics: {0}")]
     Metrics(#[from] crate::metrics::MetricsError),
-}
-
-fn tool_of(mode: ProxyMode) -> &'static str {
-    match mode {
-        ProxyMode::Iptables => "iptables",
-        ProxyMode::Nftables => "nftables",
-    }
 }
 
 /// How long an nftables sync loop may go without a sync: upstream's runner runs one every
