@@ -13,7 +13,6 @@
 //! canary chains left out; rule order within each chain counts.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,7 +34,7 @@ use serde_json::json;
 use crate::require_root;
 use crate::support::apiserver::{ApiServer, Kind};
 use crate::support::e2e::{
-    DaemonProcess, HEALTHZ_ADDR, METRICS_ADDR, NODE_IP, TempDir, bind_in_netns, daemon_args, in_netns,
+    DaemonProcess, HEALTHZ_ADDR, METRICS_ADDR, NODE_IP, TempDir, bind_in_netns, daemon_args, http_get,
     interface_addresses, nat, topology,
 };
 use crate::support::netns::Netns;
@@ -206,21 +205,6 @@ impl Testbed {
 /// filter and nat, chains sorted by name, counters zeroed, canaries left out.
 fn canonical(ipt: &dyn Iptables) -> String {
     canonical_rules(ipt, &IGNORED_CHAINS)
-}
-
-/// `GET path` on `addr` from inside `ns`: status and body, `None` if nothing answered.
-fn http_get(ns: &Netns, addr: &str, path: &str) -> Option<(u16, String)> {
-    let (addr, path) = (addr.to_string(), path.to_string());
-    in_netns(&ns.name, move || {
-        let mut s = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let status = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        Some((status, body))
-    })
 }
 
 /// A metric on the daemon's metrics port, summed over its series (from 1.33 the per-sync

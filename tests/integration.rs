@@ -12,6 +12,7 @@ mod e2e_conntrack;
 mod e2e_events;
 mod e2e_faults;
 mod e2e_nftables;
+mod e2e_nftables_faults;
 mod e2e_privileges;
 mod e2e_scale;
 mod e2e_soak;

@@ -208,12 +208,18 @@ impl Cluster {
 
     /// (Re)starts the daemon in node-a with `extra` flags after [`Cluster::daemon_args`].
     pub fn start_daemon_with(&mut self, extra: &[&str]) {
+        let mut args = self.daemon_args();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        self.start_daemon_exactly(&args, &[]);
+    }
+
+    /// (Re)starts the daemon in node-a with exactly `args` (e.g. a `--config` file instead of
+    /// [`Cluster::daemon_args`]) and `env` added to its environment, into a log of its own.
+    pub fn start_daemon_exactly(&mut self, args: &[String], env: &[(&str, &str)]) {
         static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let log = self.dir.path().join(format!("daemon-{n}.log"));
-        let mut args = self.daemon_args();
-        args.extend(extra.iter().map(|a| a.to_string()));
-        self.daemon = Some(DaemonProcess::start(&self.node_a, &args, log, &[]));
+        self.daemon = Some(DaemonProcess::start(&self.node_a, args, log, env));
     }
 
     /// node-a's nftables `kube-proxy` table of `family` (`ip` / `ip6`), empty when absent.

@@ -2,6 +2,7 @@
 //! server and a "node" namespace running the daemon, joined by a veth link. Root only. Shared
 //! by the end-to-end tests (daemon lifecycle, traffic, faults).
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -92,6 +93,21 @@ pub async fn api_and_node_namespaces(tag: &str) -> (Netns, Netns) {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     (api_ns, node_ns)
+}
+
+/// `GET path` on `addr` from inside `ns`: status and body, `None` if nothing answered.
+pub fn http_get(ns: &Netns, addr: &str, path: &str) -> Option<(u16, String)> {
+    let (addr, path) = (addr.to_string(), path.to_string());
+    in_netns(&ns.name, move || {
+        let mut s = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        Some((status, body))
+    })
 }
 
 /// Where the daemon's servers listen inside the node namespace.

@@ -14,9 +14,10 @@
 //!   kube-proxy and repairs changes made from outside.
 //! * [`NftablesProxier`]: the sync orchestration, as [`crate::proxier::Proxier`] does it for
 //!   iptables: the same change recorder, full or partial per release, stale chains deleted a
-//!   sync after they went out of use (more than a second later), the same report for metrics,
-//!   health, health-check node ports and conntrack cleanup (a [`CleanupJob`] the caller hands
-//!   to the family's cleaner: no conntrack work in the sync).
+//!   sync after they went out of use (more than a second later), a sync with nothing to write
+//!   checking that the table still exists (full when it was deleted from outside), the same
+//!   report for metrics, health, health-check node ports and conntrack cleanup (a
+//!   [`CleanupJob`] the caller hands to the family's cleaner: no conntrack work in the sync).
 //!
 //! The resulting table equals, object for object, what upstream's proxier leaves for the same
 //! state and release (checked against upstream's own unit-test fixtures in
@@ -28,7 +29,9 @@
 //! `iif`, which nft rejects for a wildcard), an affinity set whose timeout changed is
 //! re-created (upstream's `add` leaves the old timeout), and when two Services claim one
 //! element key with different values the smallest value wins (upstream: the last in Go's
-//! map order).
+//! map order). A sync with nothing to write checks that the table still exists and syncs in
+//! full when it was deleted from outside (upstream's notices only when a later change's
+//! transaction fails, or, from 1.34, at its hourly full sync).
 
 pub mod names;
 pub mod plan;
@@ -44,7 +47,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::compat::FULL_SYNC_PERIOD;
 use crate::model::{Cidr, IpFamily, NamespacedName};
-use crate::nftables::{Family, NftError, Nftables, Operation, Transaction};
+use crate::nftables::{Chain, Family, NftError, Nftables, Operation, Transaction};
 use crate::node::conntrack::cleaner::{CleanupJob, RuleWrites};
 use crate::proxier::{NetworkInterfaces, ServiceHealthState};
 use crate::tracker::{
@@ -335,6 +338,12 @@ impl NftablesProxier {
         if stale_chain_cleanup_failed && release.nft_has_periodic_full_sync() {
             self.needs_full_sync = true;
         }
+        let nothing_changed =
+            service_update.updated_services.is_empty() && endpoints_update.updated_services.is_empty();
+        if !self.needs_full_sync && nothing_changed && !self.table_exists() {
+            tracing::info!(family = %self.family_nft(), "the kube-proxy table is gone (deleted from outside?): syncing in full");
+            self.needs_full_sync = true;
+        }
         let full = self.needs_full_sync;
 
         let empty_labels = BTreeMap::new();
@@ -563,6 +572,25 @@ impl NftablesProxier {
         }
     }
 
+    /// Whether the table still exists, asked of the kernel by `nft --check` of an `add chain`
+    /// of the `services` chain (refused with "No such file or directory" without the table;
+    /// nothing is applied either way, and nothing is listed). A partial sync with nothing to
+    /// write would not notice a table deleted from outside (upstream's does not: it waits for
+    /// a change whose transaction fails, or from 1.34 for its hourly full sync); with this, the
+    /// next periodic sync rebuilds it. Any other error counts as present: the sync goes on as
+    /// it would have.
+    fn table_exists(&self) -> bool {
+        let probe = Transaction { ops: vec![Operation::AddChain(Chain::regular(render::SERVICES))] };
+        match self.nft.check(&probe) {
+            Ok(()) => true,
+            Err(e) if e.is_not_found() => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not check that the kube-proxy table exists");
+                true
+            }
+        }
+    }
+
     fn interface_addrs(&self) -> Vec<IpAddr> {
         if self.cfg.render.node_port_addresses.match_all() {
             return Vec::new();
@@ -571,5 +599,82 @@ impl NftablesProxier {
             tracing::error!(error = %e, "failed to get node IP addresses matching nodePortAddresses; services with node ports may not work as intended");
             Vec::new()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compat::{Features, Release};
+    use crate::model::Cidr;
+    use crate::nftables::fake::FakeNftables;
+    use crate::proxier::StaticInterfaces;
+    use crate::proxier::local_detect::LocalDetector;
+    use crate::proxier::nodeport_addresses::NodePortAddresses;
+    use crate::tracker::testing::{slice, svc};
+
+    fn proxier(nft: Arc<FakeNftables>) -> NftablesProxier {
+        let render = NftRenderConfig {
+            family: IpFamily::V4,
+            masquerade_all: false,
+            masquerade_mark: "0x4000".into(),
+            local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").unwrap()),
+            node_ip: Some("192.168.0.2".parse().unwrap()),
+            node_port_addresses: NodePortAddresses::new(IpFamily::V4, &[]),
+            features: Features::of(Release::V1_37),
+        };
+        let cfg = NftProxierConfig { render, hostname: "node1".into(), sync_period: Duration::from_secs(30) };
+        NftablesProxier::new(cfg, nft, Arc::new(StaticInterfaces(Vec::new())))
+    }
+
+    fn synced(p: &mut NftablesProxier, now: Instant) -> NftSyncReport {
+        match p.sync(now) {
+            NftSyncOutcome::Synced(report) => {
+                assert!(report.result.is_ok(), "{:?}", report.result);
+                *report
+            }
+            NftSyncOutcome::NotInitialized => panic!("not initialized"),
+        }
+    }
+
+    #[test]
+    fn a_sync_with_nothing_to_write_rebuilds_a_table_deleted_from_outside() {
+        let nft = Arc::new(FakeNftables::new(Family::Ip));
+        let mut p = proxier(nft.clone());
+        let web = svc("ns1", "web").cluster_ip("172.30.0.41").tcp("http", 80).build();
+        p.on_service_state(NamespacedName::of_object(&web.metadata), Some(&web));
+        p.on_endpoint_slice_update(&slice("ns1", "web", "web-1").tcp("http", 8080).ips(&["10.1.0.1"]).build(), false);
+        p.on_services_synced();
+        p.on_endpoint_slices_synced();
+        let now = Instant::now();
+        assert!(synced(&mut p, now).full);
+        let written = nft.list_table().unwrap().expect("table written");
+
+        // Nothing changed and the table is there: a partial sync that writes nothing and
+        // lists nothing.
+        let (runs, lists) = (nft.run_count(), nft.list_count());
+        let idle = synced(&mut p, now + Duration::from_secs(30));
+        assert!(!idle.full);
+        assert_eq!((nft.run_count(), nft.list_count()), (runs, lists), "an idle sync only checks");
+
+        // Deleted from outside: the next sync, with nothing changed, is full and rebuilds it.
+        nft.run(&Transaction { ops: vec![Operation::DeleteTable] }).unwrap();
+        assert_eq!(nft.list_table().unwrap(), None);
+        let rebuilt = synced(&mut p, now + Duration::from_secs(60));
+        assert!(rebuilt.full, "a deleted table makes the sync full");
+        assert_eq!(nft.list_table().unwrap(), Some(written));
+        assert!(!synced(&mut p, now + Duration::from_secs(90)).full, "and the next one partial again");
+    }
+
+    #[test]
+    fn a_failed_table_check_leaves_the_sync_partial() {
+        let nft = Arc::new(FakeNftables::new(Family::Ip));
+        let mut p = proxier(nft.clone());
+        p.on_services_synced();
+        p.on_endpoint_slices_synced();
+        let now = Instant::now();
+        assert!(synced(&mut p, now).full);
+        nft.fail_next_checks(1);
+        assert!(!synced(&mut p, now + Duration::from_secs(30)).full, "an error other than not-found changes nothing");
     }
 }
