@@ -318,7 +318,7 @@ pub struct RenderOptions {
     /// node's addresses).
     #[arg(long = "interface-address", value_name = "IP")]
     pub interface_addresses: Vec<IpAddr>,
-    /// The iptables version to assume (`--random-fully` from 1.6.2 on).
+    /// The iptables version to assume (`--random-fully` from 1.6.2 on; iptables mode).
     #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
     pub iptables_version: String,
     /// The upstream kube-proxy release to render as (1.29 to 1.37; default: the config's

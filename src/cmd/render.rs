@@ -104,7 +104,8 @@ pub fn requested_mode(options: &RenderOptions) -> Result<ProxyMode, RenderCmdErr
         return Ok(ProxyMode::Iptables);
     };
     let mode = config::load_config_file(path)?.config.mode;
-    Ok(if mode.trim() == ProxyMode::Nftables.as_str() { ProxyMode::Nftables } else { ProxyMode::Iptables })
+    // As `Settings` reads it (any other word fails validation where the config is used).
+    Ok(if mode == ProxyMode::Nftables.as_str() { ProxyMode::Nftables } else { ProxyMode::Iptables })
 }
 
 /// The error `trace` and `diff` give when asked about nftables mode: they read iptables
