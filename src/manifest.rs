@@ -1,5 +1,5 @@
-//! Loading Services, EndpointSlices and Nodes from YAML (or JSON) manifest files for the
-//! `render` command: multi-document files, `kind: List` wrappers (as `kubectl get -o yaml`
+//! Loading Services, EndpointSlices, Nodes and ServiceCIDRs from YAML (or JSON) manifest files
+//! for the `render` command: multi-document files, `kind: List` wrappers (as `kubectl get -o yaml`
 //! prints), per-object warnings for anything that cannot be used, and hard errors only for
 //! unreadable files and YAML syntax errors.
 //!
@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -43,6 +44,9 @@ pub struct Snapshot {
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
     pub nodes: Vec<Node>,
+    /// networking.k8s.io/v1 ServiceCIDRs (nftables mode drops traffic to their unallocated
+    /// addresses; the iptables proxier does not read them, as upstream's).
+    pub service_cidrs: Vec<ServiceCIDR>,
 }
 
 /// A problem with one document or object that was skipped (or, for duplicates, replaced).
@@ -130,6 +134,7 @@ enum ObjKind {
     Service,
     EndpointSlice,
     Node,
+    ServiceCidr,
 }
 
 impl ObjKind {
@@ -138,6 +143,7 @@ impl ObjKind {
             ObjKind::Service => "Service",
             ObjKind::EndpointSlice => "EndpointSlice",
             ObjKind::Node => "Node",
+            ObjKind::ServiceCidr => "ServiceCIDR",
         }
     }
 
@@ -146,6 +152,7 @@ impl ObjKind {
             ("v1", "Service") => Some(ObjKind::Service),
             ("discovery.k8s.io/v1", "EndpointSlice") => Some(ObjKind::EndpointSlice),
             ("v1", "Node") => Some(ObjKind::Node),
+            ("networking.k8s.io/v1", "ServiceCIDR") => Some(ObjKind::ServiceCidr),
             _ => None,
         }
     }
@@ -158,6 +165,7 @@ impl ObjKind {
             ("v1", "ServiceList") => Some(Some(ObjKind::Service)),
             ("discovery.k8s.io/v1", "EndpointSliceList") => Some(Some(ObjKind::EndpointSlice)),
             ("v1", "NodeList") => Some(Some(ObjKind::Node)),
+            ("networking.k8s.io/v1", "ServiceCIDRList") => Some(Some(ObjKind::ServiceCidr)),
             _ => None,
         }
     }
@@ -393,7 +401,8 @@ impl Collector {
         let Some(kind) = ObjKind::from_type(api_version, kind) else {
             let message = format!(
                 "unsupported object type apiVersion {api_version:?} kind {kind:?} \
-                 (expected v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node); skipped"
+                 (expected v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Node or \
+                 networking.k8s.io/v1 ServiceCIDR); skipped"
             );
             self.warn(file, document, candidate.line, candidate.item, describe, &message);
             return;
@@ -423,6 +432,12 @@ impl Collector {
                 if let Some(obj) = self.decode::<Node>(&candidate, &origin, describe) {
                     let placement = place(&None, &obj.metadata.name);
                     self.insert(placement, obj, |s| &mut s.nodes);
+                }
+            }
+            ObjKind::ServiceCidr => {
+                if let Some(obj) = self.decode::<ServiceCIDR>(&candidate, &origin, describe) {
+                    let placement = place(&None, &obj.metadata.name);
+                    self.insert(placement, obj, |s| &mut s.service_cidrs);
                 }
             }
         }
@@ -505,7 +520,11 @@ fn inherit_list_type(head: &mut Head, element: Option<ObjKind>) {
             head.kind = Some(element.name().to_string());
         }
         if head.api_version.is_none() {
-            let api_version = if element == ObjKind::EndpointSlice { "discovery.k8s.io/v1" } else { "v1" };
+            let api_version = match element {
+                ObjKind::EndpointSlice => "discovery.k8s.io/v1",
+                ObjKind::ServiceCidr => "networking.k8s.io/v1",
+                ObjKind::Service | ObjKind::Node => "v1",
+            };
             head.api_version = Some(api_version.to_string());
         }
     }
@@ -701,6 +720,24 @@ status:
         assert_eq!(w.object.as_deref(), Some("ConfigMap default/cm"));
         assert_eq!(w.line, Some(3 + SERVICE.lines().count()));
         assert!(w.message.contains("unsupported object type"), "{w}");
+    }
+
+    #[test]
+    fn service_cidrs_are_read_alone_and_from_their_typed_list() {
+        let one = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: kubernetes\n\
+                   spec:\n  cidrs: [10.96.0.0/16, fd00:96::/112]\n";
+        let item = "metadata:\n  name: extra\nspec:\n  cidrs: [10.97.0.0/16]\n";
+        let list = format!("apiVersion: networking.k8s.io/v1\nkind: ServiceCIDRList\nitems:\n{}", as_item(item));
+        let bad = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: broken\nspec:\n  cidrs: 7\n";
+        let (snap, warnings) = load(&format!("{one}---\n{list}---\n{bad}"));
+        let names: Vec<_> = snap.service_cidrs.iter().map(|c| c.metadata.name.clone().unwrap_or_default()).collect();
+        assert_eq!(names, ["kubernetes", "extra"]);
+        let cidrs = snap.service_cidrs[0].spec.as_ref().and_then(|s| s.cidrs.clone()).unwrap_or_default();
+        assert_eq!(cidrs, ["10.96.0.0/16", "fd00:96::/112"]);
+        // A bad one is skipped with a warning naming it.
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].object.as_deref(), Some("ServiceCIDR broken"), "{}", warnings[0]);
+        assert!(warnings[0].message.starts_with("cannot decode"), "{}", warnings[0]);
     }
 
     #[test]

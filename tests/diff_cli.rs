@@ -116,3 +116,54 @@ fn diff_names_the_kubeconfig_or_server_it_could_not_use() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("cannot be used with"), "{}", text(&out.stderr));
 }
+
+/// `diff` reads iptables rules only: asked about nftables mode (the flag, or a config whose
+/// mode is nftables) it refuses before reading the node or the API server, pointing at
+/// `render`; its help says so.
+#[test]
+fn nftables_mode_is_refused_with_a_pointer_to_render() {
+    let dir = TempDir::new("diff-nft");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n",
+    )
+    .expect("write config");
+    let config = config.display().to_string();
+    let cluster = golden("clusterip-probabilities").join("cluster.yaml").display().to_string();
+    // Nothing listens there: a diff that got as far as the API server would exit 3.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let master = format!("http://127.0.0.1:{port}");
+    let cases: [Vec<&str>; 4] = [
+        vec!["--proxy-mode", "nftables", "--node-rules", "/dev/null", &cluster],
+        vec!["--config", &config, "--node-rules", "/dev/null", &cluster],
+        vec!["--proxy-mode", "nftables", "--node-rules", "/dev/null", "--master", &master],
+        // The live node: refused before its rules are read.
+        vec!["--proxy-mode", "nftables", &cluster],
+    ];
+    for case in &cases {
+        let out = run(&std::iter::once("diff").chain(case.iter().copied()).collect::<Vec<_>>());
+        assert_eq!(out.status.code(), Some(2), "{case:?}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains("diff reads iptables rules only for now"), "{case:?}: {err}");
+        assert!(err.contains("kube-proxy-rs render --proxy-mode nftables"), "{case:?}: {err}");
+        assert!(out.stdout.is_empty(), "{case:?}");
+    }
+    // iptables mode by flag: compared as before (the empty node differs: exit 1).
+    let out = run(&[
+        "diff",
+        "--proxy-mode",
+        "iptables",
+        "--node-rules",
+        "/dev/null",
+        "--hostname-override",
+        "node-a",
+        &cluster,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+
+    let help = run(&["diff", "--help"]);
+    let help = text(&help.stdout);
+    assert!(help.contains("Reads iptables rules only for now"), "{help}");
+    assert!(help.contains("render --proxy-mode") && help.contains("nftables"), "{help}");
+}

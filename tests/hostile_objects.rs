@@ -192,6 +192,7 @@ fn render(snapshot: &Snapshot) -> (String, String) {
             interface_addresses: vec![],
             iptables_version: "1.8.9".into(),
             compatibility_version: None,
+            proxy_mode: None,
             feature_gates: vec![],
             nfacct: None,
             conntrack_tcp_be_liberal: None,
@@ -229,8 +230,12 @@ fn hostile_services_and_slices_never_cost_the_others_their_rules() {
         ns
     });
     let (good_services, good_slices) = good_objects();
-    let baseline =
-        Snapshot { services: good_services.clone(), endpoint_slices: good_slices.clone(), nodes: vec![node()] };
+    let baseline = Snapshot {
+        services: good_services.clone(),
+        endpoint_slices: good_slices.clone(),
+        nodes: vec![node()],
+        ..Snapshot::default()
+    };
     let (baseline_payload, _) = render(&baseline);
     let baseline_good: Vec<String> = good_lines(&baseline_payload).into_iter().map(str::to_string).collect();
     assert!(baseline_good.len() > 10, "{baseline_payload}");
@@ -241,8 +246,12 @@ fn hostile_services_and_slices_never_cost_the_others_their_rules() {
     let (rendered, skipped) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     runner
         .run(&cluster, |objects| {
-            let mut snapshot =
-                Snapshot { services: good_services.clone(), endpoint_slices: good_slices.clone(), nodes: vec![node()] };
+            let mut snapshot = Snapshot {
+                services: good_services.clone(),
+                endpoint_slices: good_slices.clone(),
+                nodes: vec![node()],
+                ..Snapshot::default()
+            };
             let mut names = Vec::new();
             for (svc, slice) in objects {
                 // What does not even decode into the API types (a timeout beyond i32...) is

@@ -33,6 +33,7 @@ mod nftables_releases;
 mod nftables_rules;
 mod partial_sync;
 mod render_cli;
+mod render_nftables;
 mod render_restore;
 mod support;
 mod sync_loop_real;

@@ -327,3 +327,52 @@ fn ipv6_family_follows_the_destination() {
     );
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `trace` reads iptables rules only: asked about nftables mode (the flag, or a config whose
+/// mode is nftables) it refuses before reading anything, pointing at `render`, whatever the
+/// rules' source; its help says so.
+#[test]
+fn nftables_mode_is_refused_with_a_pointer_to_render() {
+    let packet = ["--src", "10.0.0.1", "--dst", "172.30.0.41", "--dport", "80"];
+    let dir = std::env::temp_dir().join(format!("kpr-trace-nft-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n",
+    )
+    .expect("write config");
+    let config = config.display().to_string();
+    let rules = rules_of("session-affinity");
+    let cluster = golden("session-affinity").join("cluster.yaml").display().to_string();
+    let cases: [Vec<&str>; 4] = [
+        vec!["--proxy-mode", "nftables", "--rules", &rules],
+        vec!["--proxy-mode", "nftables", "--hostname-override", "node-a", &cluster],
+        vec!["--config", &config, "--hostname-override", "node-a", &cluster],
+        // The live node: refused before its rules are read.
+        vec!["--proxy-mode", "nftables"],
+    ];
+    for case in &cases {
+        let args: Vec<&str> = case.iter().chain(packet.iter()).copied().collect();
+        let o = trace(&args);
+        assert_eq!(o.status.code(), Some(2), "{case:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains("trace reads iptables rules only for now"), "{case:?}: {err}");
+        assert!(err.contains("kube-proxy-rs render --proxy-mode nftables"), "{case:?}: {err}");
+        assert!(o.stdout.is_empty(), "{case:?}");
+    }
+    // iptables mode, by flag or by the config's word, traces as before.
+    let o = trace(
+        &["--proxy-mode", "iptables", "--rules", &rules, "--local-address", "192.168.0.2", "--json"]
+            .into_iter()
+            .chain(packet)
+            .collect::<Vec<_>>(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let help = Command::new(BIN).args(["trace", "--help"]).output().expect("help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("Reads iptables rules only for now"), "{help}");
+    assert!(help.contains("render --proxy-mode") && help.contains("nftables"), "{help}");
+}

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{GoDuration, VModuleItem, split_host_port};
+use crate::config::{GoDuration, ProxyMode, VModuleItem, split_host_port};
 use crate::model::IpFamily;
 use crate::model::ip::parse_ip_sloppy;
 
@@ -268,11 +268,16 @@ pub struct VModuleArg(pub Vec<VModuleItem>);
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Print the iptables-restore input kube-proxy would write for the given cluster state.
+    /// Print the iptables-restore input kube-proxy would write for the given cluster state, or
+    /// with --proxy-mode nftables the whole kube-proxy table after each sync.
     Render(RenderArgs),
-    /// Trace a new connection through a node's rules: verdict, destinations, path.
+    /// Trace a new connection through a node's iptables rules: verdict, destinations, path.
+    /// Reads iptables rules only for now: nftables mode is refused (`render --proxy-mode
+    /// nftables` prints that mode's table).
     Trace(TraceArgs),
-    /// Compare the node's rules with what the cluster state renders to (exit 1 if they differ).
+    /// Compare the node's iptables rules with what the cluster state renders to (exit 1 if
+    /// they differ). Reads iptables rules only for now: nftables mode is refused (`render
+    /// --proxy-mode nftables` prints that mode's table).
     Diff(DiffArgs),
 }
 
@@ -313,13 +318,18 @@ pub struct RenderOptions {
     /// node's addresses).
     #[arg(long = "interface-address", value_name = "IP")]
     pub interface_addresses: Vec<IpAddr>,
-    /// The iptables version to assume (`--random-fully` from 1.6.2 on).
+    /// The iptables version to assume (`--random-fully` from 1.6.2 on; iptables mode).
     #[arg(long, value_name = "X.Y.Z", default_value = "1.8.9")]
     pub iptables_version: String,
     /// The upstream kube-proxy release to render as (1.29 to 1.37; default: the config's
     /// compatibilityVersion, else the newest).
     #[arg(long, value_name = "1.MINOR")]
     pub compatibility_version: Option<String>,
+    /// The proxy mode to render (default: the config's mode, else iptables); nftables needs
+    /// release 1.31 or later. `trace` and `diff` read iptables rules only and refuse
+    /// nftables.
+    #[arg(long, value_enum, value_name = "iptables|nftables")]
+    pub proxy_mode: Option<ProxyModeArg>,
     /// Feature gates, as the daemon takes them (applied over the config's featureGates).
     #[arg(long, value_name = "KEY=BOOL,...", value_parser = feature_gates_flag, action = ArgAction::Append)]
     pub feature_gates: Vec<FeatureGatesArg>,
@@ -335,6 +345,22 @@ pub struct RenderOptions {
     pub conntrack_tcp_be_liberal: Option<bool>,
 }
 
+/// `--proxy-mode` of `render`, `trace` and `diff`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProxyModeArg {
+    Iptables,
+    Nftables,
+}
+
+impl From<ProxyModeArg> for ProxyMode {
+    fn from(arg: ProxyModeArg) -> ProxyMode {
+        match arg {
+            ProxyModeArg::Iptables => ProxyMode::Iptables,
+            ProxyModeArg::Nftables => ProxyMode::Nftables,
+        }
+    }
+}
+
 /// `--nfacct`: whether the node has the accounting objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NfacctArg {
@@ -346,14 +372,16 @@ pub enum NfacctArg {
 pub struct RenderArgs {
     #[command(flatten)]
     pub options: RenderOptions,
-    /// Which family's rules to render.
+    /// Which family's rules to render (in nftables mode: the `ip` or the `ip6` table).
     #[arg(long, value_enum, default_value = "ipv4")]
     pub ip_family: IpFamilyArg,
-    /// YAML manifests (Services, EndpointSlices, Nodes, Lists): the first cluster snapshot.
+    /// YAML manifests (Services, EndpointSlices, Nodes, ServiceCIDRs, Lists): the first
+    /// cluster snapshot.
     #[arg(value_name = "MANIFEST", required = true)]
     pub manifests: Vec<PathBuf>,
     /// A later complete snapshot, rendered as a partial sync against the previous state
-    /// (repeatable, applied in order).
+    /// (repeatable, applied in order; in nftables mode each is a sync two seconds after the
+    /// previous one).
     #[arg(long = "then", value_name = "MANIFEST")]
     pub then: Vec<PathBuf>,
 }

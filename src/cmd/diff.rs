@@ -12,6 +12,9 @@
 //! in nat and filter, every service chain (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`, `KUBE-FW-`,
 //! `KUBE-SEP-`) the node has (stale ones show as extra), and the jump rules from the built-in
 //! chains. Rule order within a chain matters (it decides probabilities and precedence).
+//!
+//! It reads iptables rules only, for now: asked about nftables mode (`--proxy-mode nftables`,
+//! or a config with `mode: nftables`) it says so and points at `render --proxy-mode nftables`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -217,6 +220,8 @@ pub(crate) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Res
 
 /// Runs `diff`; `Ok(true)` when the rules differ.
 pub fn run(args: &DiffArgs, node: &dyn LiveNode, out: &mut dyn Write) -> Result<bool, DiffCmdError> {
+    // The comparison reads iptables rules: nftables mode is refused before anything is read.
+    render::require_iptables_mode(&args.render, "diff")?;
     let family = IpFamily::from(args.ip_family);
     let render_args = RenderArgs {
         options: args.render.clone(),
@@ -272,5 +277,6 @@ fn cluster_snapshot(args: &DiffArgs, settings: &Settings) -> Result<Snapshot, Di
         services: state.services,
         endpoint_slices: state.endpoint_slices,
         nodes: state.node.into_iter().collect(),
+        service_cidrs: Vec::new(),
     })
 }

@@ -1,6 +1,9 @@
 //! The `trace` command: where would a new connection go? Rules come from a file, from
 //! manifests rendered as `render` does, or from the live node; the tracer ([`crate::trace`])
 //! follows the packet and this prints the result, briefly or as one JSON object.
+//!
+//! It reads iptables rules only, for now: asked about nftables mode (`--proxy-mode nftables`,
+//! or a config with `mode: nftables`) it says so and points at `render --proxy-mode nftables`.
 
 use std::io::{Read, Write};
 use std::net::IpAddr;
@@ -107,6 +110,8 @@ pub(crate) fn load_rules<'t>(
     node: &dyn LiveNode,
     text: &'t mut String,
 ) -> Result<(RuleSet<'t>, Vec<IpAddr>), TraceCmdError> {
+    // The tracer evaluates iptables rules: nftables mode is refused, whatever the rules' source.
+    render::require_iptables_mode(&args.render, "trace")?;
     let family = args.ip_family.map_or_else(|| family_of(args.dst), IpFamily::from);
     for (flag, ip) in [("src", args.src), ("dst", args.dst)] {
         if family_of(ip) != family {

@@ -6,7 +6,8 @@
 //! (`proxier::nftables`) builds [`Transaction`]s; the writer applies them atomically.
 
 pub mod canonical;
-#[cfg(any(test, feature = "testing"))]
+/// Also `render`'s kernel in nftables mode (the table each sync leaves, in memory), so it is
+/// part of the binary, not only of the test doubles.
 pub mod fake;
 pub mod kernel;
 pub mod listing;
