@@ -417,7 +417,9 @@ fn set_floor(anonymous: usize, named: usize, chunk: usize, run: usize) -> Durati
     let rule = |chain: String, text: String| Operation::AddRule(Rule { chain, text, comment: None });
     let mut ops = vec![Operation::AddTable, Operation::AddChain(Chain::regular("t"))];
     ops.extend((0..anonymous).map(|i| Operation::AddChain(Chain::regular(format!("c{i}")))));
-    ops.extend((0..anonymous).map(|i| rule(format!("c{i}"), "numgen random mod 2 vmap { 0 : goto t , 1 : goto t }".into())));
+    ops.extend(
+        (0..anonymous).map(|i| rule(format!("c{i}"), "numgen random mod 2 vmap { 0 : goto t , 1 : goto t }".into())),
+    );
     for i in 0..named {
         ops.push(Operation::AddSet(kube_proxy_rs::nftables::Set {
             kind: kube_proxy_rs::nftables::SetKind::Set,

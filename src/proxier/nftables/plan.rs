@@ -265,7 +265,8 @@ pub(crate) struct Chunks<'a> {
 /// Every group leaves the table consistent and the traffic as before, so a full sync can be
 /// cut into transactions between groups ([`CHUNK_OPERATIONS`]); partial syncs are one.
 ///
-/// Within a transaction the closed groups go out by class, each class in group order:
+/// Within a transaction of a full sync the closed groups go out by class, each class in
+/// group order (a partial sync, a handful of groups, keeps them one after the other):
 /// every group's prelude and adds (declarations of empty objects, and base chains
 /// re-created: nothing can jump to those), then early flushes and set re-creations (the
 /// flushes still precede the deletions that need them), then the write blocks (flush and
@@ -278,6 +279,8 @@ pub(crate) struct Chunks<'a> {
 struct Phases<'s> {
     /// Groups closed and not sent yet, by class.
     pending: Pending,
+    /// Whether transactions are ordered by class (full syncs), or group after group.
+    by_class: bool,
     // The group being built.
     prelude: Vec<Operation>,
     adds: Vec<Operation>,
@@ -316,9 +319,7 @@ impl Pending {
 
     fn take(&mut self) -> Vec<Operation> {
         let mut ops = Vec::with_capacity(self.len());
-        for part in
-            [&mut self.declarations, &mut self.recreations, &mut self.anonymous_writes, &mut self.writes]
-        {
+        for part in [&mut self.declarations, &mut self.recreations, &mut self.anonymous_writes, &mut self.writes] {
             ops.append(part);
         }
         ops
@@ -344,6 +345,7 @@ impl<'s> Phases<'s> {
     fn new(sink: Option<Chunks<'s>>) -> Phases<'s> {
         Phases {
             pending: Pending::default(),
+            by_class: sink.is_some(),
             prelude: Vec::new(),
             adds: Vec::new(),
             early_flushes: Vec::new(),
@@ -366,6 +368,18 @@ impl<'s> Phases<'s> {
     /// Closes the group being built; sends what is pending when it is large enough.
     fn end_group(&mut self) {
         let pending = &mut self.pending;
+        if !self.by_class {
+            for part in [
+                &mut self.prelude,
+                &mut self.adds,
+                &mut self.early_flushes,
+                &mut self.set_recreate_deletes,
+                &mut self.set_readds,
+                &mut self.writes,
+            ] {
+                pending.writes.append(part);
+            }
+        }
         pending.declarations.append(&mut self.prelude);
         pending.declarations.append(&mut self.adds);
         pending.recreations.append(&mut self.early_flushes);
@@ -472,8 +486,11 @@ impl<'s> Phases<'s> {
     /// writes when a rule holds one.
     fn write_block(&mut self, chain: &str, flush: Option<Operation>, rules: Vec<RuleSpec>) {
         self.stats.rules_added += rules.len();
-        let writes =
-            if rules.iter().any(|r| holds_anonymous_set(&r.text)) { &mut self.anonymous_writes } else { &mut self.writes };
+        let writes = if self.by_class && rules.iter().any(|r| holds_anonymous_set(&r.text)) {
+            &mut self.anonymous_writes
+        } else {
+            &mut self.writes
+        };
         writes.extend(flush);
         for r in rules {
             writes.push(Operation::AddRule(Rule {
