@@ -5,7 +5,7 @@
 //! the kernel runner makes it) and measured inside the timed sync; with `--fake` the fake's
 //! applying (a copy of the whole table per transaction, for atomicity) is inside it too.
 //!
-//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS]
+//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream]
 //!
 //! `--kernel` (root): the real runner ([`NftRunner`], `ip netns exec NS nft -f -`) in a network
 //! namespace this program creates for each run and deletes (also on a panic; a kill leaves
@@ -13,6 +13,12 @@
 //! table the first sync wrote: one `nft -f` transaction adding one chain and one `goto` rule
 //! (median of `--partials`), so the syncs can be read against what any transaction costs.
 //! `--chunk OPS` sets the proxier's chunk size for full syncs (`with_chunk_operations`).
+//! `--affinity-every K`: session affinity on every K-th Service (default 7; 0: none).
+//! `--upstream` (with `--kernel`): each run also writes the same cluster's first sync as
+//! upstream's full sync writes it ([`upstream_first_sync`]: one transaction, upstream's order)
+//! with one `nft -f` into a fresh namespace, timed, so the two can be compared in one run;
+//! and the kernel's floor for that many sets ([`set_floor`]).
+//! The load averages are printed around the first sync (the machine may be shared).
 //!
 //! Each run (a fresh proxier): the first (full) sync; `--partials` one-endpoint changes (one
 //! endpoint of one Service gets another address; one partial sync each); a forced full sync
@@ -156,6 +162,11 @@ fn peak_rss() -> usize {
         * 1024
 }
 
+/// The load averages (`/proc/loadavg`): the machine is shared.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split(' ').take(3).collect::<Vec<_>>().join(" ")
+}
+
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -216,6 +227,10 @@ struct Run {
     forced: Phase,
     /// Kernel mode: one transaction adding a chain and a `goto` rule (median).
     floor: Option<Duration>,
+    /// Kernel mode with `--upstream`: upstream's first sync, one `nft -f` (no table before).
+    upstream: Option<Duration>,
+    /// Kernel mode with `--upstream`: [`set_floor`] for the same numbers of sets.
+    set_floor: Option<Duration>,
 }
 
 /// The median time of `repeats` transactions each adding a chain with one `goto` rule to the
@@ -248,10 +263,190 @@ struct Options {
     mode: Mode,
     partials: usize,
     chunk: Option<usize>,
+    affinity_every: usize,
+    upstream: bool,
+}
+
+/// A proxier on `kernel` fed the synthetic cluster of `o` (objects made one at a time and
+/// dropped, as the watches do), its full syncs in pieces of `chunk` operations.
+fn fed_proxier(o: &Options, kernel: Arc<dyn Nftables>, chunk: Option<usize>) -> NftablesProxier {
+    let cfg = NftProxierConfig {
+        render: NftRenderConfig {
+            family: IpFamily::V4,
+            masquerade_all: false,
+            masquerade_mark: "0x00004000".into(),
+            local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
+            node_ip: Some("192.168.0.2".parse().expect("ip")),
+            node_port_addresses: NodePortAddresses::new(IpFamily::V4, &["192.168.0.2/32".into()]),
+            features: Features::of(o.release),
+        },
+        hostname: synthetic::NODE_NAME.into(),
+        sync_period: Duration::from_secs(30),
+    };
+    let mut proxier =
+        NftablesProxier::new(cfg, kernel, Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])));
+    if let Some(chunk) = chunk {
+        proxier = proxier.with_chunk_operations(chunk);
+    }
+    proxier.on_service_cidrs(&["172.16.0.0/12".into()]);
+    for i in 0..o.services {
+        let s = synthetic::shaped_service(i, o.affinity_every);
+        proxier.on_service_state(NamespacedName::of_object(&s.metadata), Some(&s));
+        proxier.on_endpoint_slice_update(&synthetic::slice(i, o.per, 0), false);
+    }
+    proxier.on_services_synced();
+    proxier.on_endpoint_slices_synced();
+    proxier
+}
+
+/// A kernel that cannot list its table (so the proxier writes every object and flushes
+/// every chain and set, as upstream's full sync does) and keeps what it is sent.
+struct Capture(std::sync::Mutex<Vec<Transaction>>);
+
+impl Nftables for Capture {
+    fn family(&self) -> Family {
+        Family::Ip
+    }
+
+    fn run(&self, tx: &Transaction) -> Result<(), NftError> {
+        self.0.lock().expect("capture").push(tx.clone());
+        Ok(())
+    }
+
+    fn check(&self, _: &Transaction) -> Result<(), NftError> {
+        Ok(())
+    }
+
+    fn list_table(&self) -> Result<Option<TableState>, NftError> {
+        Err(NftError::List { family: Family::Ip, message: "not listed: writing as upstream".into() })
+    }
+}
+
+/// The service port a per-service object belongs to (`PREFIX-HASH-ns/name/proto/port`, an
+/// endpoint's `…__ip/port`); "" for the fixed objects (no `/`).
+fn service_port_of(name: &str) -> &str {
+    if !name.contains('/') {
+        return "";
+    }
+    let rest = name.splitn(3, '-').nth(2).unwrap_or(name);
+    rest.split("__").next().unwrap_or(rest)
+}
+
+/// The first full sync as upstream's writes it: one transaction, the proxier's objects in
+/// upstream's order (knftables sends operations as the proxier adds them): the fixed
+/// objects, then service port by service port its chains and affinity sets added and
+/// flushed, its map elements, its rules; set elements that name no chain (`cluster-ips`)
+/// last. Made from this proxier's blind full sync (every object added and flushed, as
+/// upstream's full sync does) regrouped by service port.
+fn upstream_first_sync(o: &Options) -> Transaction {
+    let capture = Arc::new(Capture(std::sync::Mutex::new(Vec::new())));
+    let mut proxier = fed_proxier(o, capture.clone(), Some(usize::MAX));
+    match proxier.sync(Instant::now()) {
+        NftSyncOutcome::Synced(r) => assert!(r.result.is_ok(), "{:?}", r.result),
+        NftSyncOutcome::NotInitialized => panic!("not initialised"),
+    }
+    let txs = std::mem::take(&mut *capture.0.lock().expect("capture"));
+    assert_eq!(txs.len(), 1, "one transaction");
+    let mut groups: Vec<(String, Vec<Operation>)> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut last = Vec::new();
+    for op in txs.into_iter().flat_map(|t| t.ops) {
+        let key = match &op {
+            Operation::AddChain(c) => Some(service_port_of(&c.name).to_string()),
+            Operation::FlushChain(n) | Operation::DeleteChain(n) => Some(service_port_of(n).to_string()),
+            Operation::AddRule(r) => Some(service_port_of(&r.chain).to_string()),
+            Operation::AddSet(set) => Some(service_port_of(&set.name).to_string()),
+            Operation::FlushSet { name, .. } => Some(service_port_of(name).to_string()),
+            Operation::AddElement(e) => e
+                .value
+                .iter()
+                .find_map(|v| v.strip_prefix("goto ").or_else(|| v.strip_prefix("jump ")))
+                .map(|chain| service_port_of(chain).to_string()),
+            Operation::AddTable => Some(String::new()),
+            _ => None,
+        };
+        match key {
+            Some(key) => {
+                let i = *index.entry(key.clone()).or_insert_with(|| {
+                    groups.push((key, Vec::new()));
+                    groups.len() - 1
+                });
+                groups[i].1.push(op);
+            }
+            None => last.push(op),
+        }
+    }
+    let mut ops: Vec<Operation> = groups.into_iter().flat_map(|(_, ops)| ops).collect();
+    ops.extend(last);
+    Transaction { ops }
+}
+
+/// Writes `tx` with one `ip netns exec NS nft -f FILE` into a namespace of its own (no table
+/// before), as upstream's first sync does; returns the wall time.
+fn replay(tx: &Transaction, run: usize, check_only: bool) -> Duration {
+    let ns = Netns::create(1000 + run);
+    let path = std::env::temp_dir().join(format!("nft-scale-upstream-{}.nft", std::process::id()));
+    std::fs::write(&path, tx.text(Family::Ip, true)).expect("write the transaction");
+    let file = path.to_string_lossy().to_string();
+    let mut args = vec!["netns", "exec", ns.0.as_str(), "nft"];
+    if check_only {
+        args.push("-c");
+    }
+    args.extend(["-f", file.as_str()]);
+    let started = Instant::now();
+    let out = RealExec.run(&Command::new("ip").args(args)).expect("run nft");
+    let elapsed = started.elapsed();
+    assert!(out.success(), "upstream's first sync: {}", out.combined());
+    let _ = std::fs::remove_file(&path);
+    drop(ns);
+    elapsed
+}
+
+/// The kernel's floor for the sets of a first sync: `anonymous` chains each with one rule
+/// holding an anonymous map, then `named` affinity-like sets each named by two rules, written
+/// in the cheapest order found (anonymous maps before any named set exists, declarations
+/// before rules) in transactions of `chunk` operations into a fresh namespace; no elements,
+/// no other rules. Every set the kernel adds walks the table's list of sets (name checks,
+/// anonymous-set numbering) and every rule naming a set looks it up in that list, so this is
+/// what any writer of upstream's rule shapes pays. Returns the wall time.
+fn set_floor(anonymous: usize, named: usize, chunk: usize, run: usize) -> Duration {
+    let ns = Netns::create(2000 + run);
+    let options =
+        NftOptions { netns: Some(ns.0.clone()), command_timeout: Duration::from_secs(900), ..NftOptions::default() };
+    let nft = NftRunner::new(Arc::new(RealExec), Family::Ip, options).unwrap_or_else(|e| panic!("{e}"));
+    let rule = |chain: String, text: String| Operation::AddRule(Rule { chain, text, comment: None });
+    let mut ops = vec![Operation::AddTable, Operation::AddChain(Chain::regular("t"))];
+    ops.extend((0..anonymous).map(|i| Operation::AddChain(Chain::regular(format!("c{i}")))));
+    ops.extend(
+        (0..anonymous).map(|i| rule(format!("c{i}"), "numgen random mod 2 vmap { 0 : goto t , 1 : goto t }".into())),
+    );
+    for i in 0..named {
+        ops.push(Operation::AddSet(kube_proxy_rs::nftables::Set {
+            kind: kube_proxy_rs::nftables::SetKind::Set,
+            name: format!("a{i}"),
+            set_type: "ipv4_addr".into(),
+            flags: vec!["dynamic".into(), "timeout".into()],
+            timeout_secs: Some(10800),
+            comment: None,
+        }));
+        ops.push(Operation::AddChain(Chain::regular(format!("e{i}"))));
+    }
+    for i in 0..named {
+        ops.push(rule(format!("e{i}"), format!("ip saddr @a{i} goto t")));
+        ops.push(rule(format!("e{i}"), format!("update @a{i} {{ ip saddr }}")));
+    }
+    let started = Instant::now();
+    for piece in ops.chunks(chunk.max(1)) {
+        nft.run(&Transaction { ops: piece.to_vec() }).unwrap_or_else(|e| panic!("set floor: {e}"));
+    }
+    let elapsed = started.elapsed();
+    drop(nft);
+    drop(ns);
+    elapsed
 }
 
 fn one_run(o: &Options, run: usize) -> Run {
-    let (services, per, release, partials) = (o.services, o.per, o.release, o.partials);
+    let (services, per, partials) = (o.services, o.per, o.partials);
     let fake = Arc::new(FakeNftables::new(Family::Ip));
     let netns = (o.mode == Mode::Kernel).then(|| Netns::create(run));
     let inner: Option<Arc<dyn Nftables>> = match (&netns, o.mode) {
@@ -272,33 +467,7 @@ fn one_run(o: &Options, run: usize) -> Run {
         txs: AtomicUsize::new(0),
         bytes: AtomicUsize::new(0),
     });
-    let cfg = NftProxierConfig {
-        render: NftRenderConfig {
-            family: IpFamily::V4,
-            masquerade_all: false,
-            masquerade_mark: "0x00004000".into(),
-            local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
-            node_ip: Some("192.168.0.2".parse().expect("ip")),
-            node_port_addresses: NodePortAddresses::new(IpFamily::V4, &["192.168.0.2/32".into()]),
-            features: Features::of(release),
-        },
-        hostname: synthetic::NODE_NAME.into(),
-        sync_period: Duration::from_secs(30),
-    };
-    let mut proxier =
-        NftablesProxier::new(cfg, kernel.clone(), Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])));
-    if let Some(chunk) = o.chunk {
-        proxier = proxier.with_chunk_operations(chunk);
-    }
-    proxier.on_service_cidrs(&["172.16.0.0/12".into()]);
-    // Objects are made one at a time and dropped, as the watches do.
-    for i in 0..services {
-        let s = synthetic::shaped_service(i, ClusterShape::DEFAULT_AFFINITY_EVERY);
-        proxier.on_service_state(NamespacedName::of_object(&s.metadata), Some(&s));
-        proxier.on_endpoint_slice_update(&synthetic::slice(i, per, 0), false);
-    }
-    proxier.on_services_synced();
-    proxier.on_endpoint_slices_synced();
+    let mut proxier = fed_proxier(o, kernel.clone(), o.chunk);
     println!("live heap before the first sync (trackers, pending changes): {} MB", mb(ALLOCATOR.allocated()));
     println!();
     println!(
@@ -307,8 +476,10 @@ fn one_run(o: &Options, run: usize) -> Run {
     println!("|---|---:|---:|---:|---:|---:|---:|");
 
     let mut now = Instant::now();
+    println!("load before the first sync: {}", load());
     let first = sync(&mut proxier, &kernel, now, "first sync");
     row("first sync", &first);
+    println!("load after the first sync: {}", load());
     let floor = inner.as_deref().filter(|_| o.mode == Mode::Kernel).map(|k| floor(k, partials));
     if let Some(f) = floor {
         println!("| floor: one chain + one `goto` rule, one transaction (median) | {} | 2 in 1 | | | | |", ms(f));
@@ -353,7 +524,32 @@ fn one_run(o: &Options, run: usize) -> Run {
     drop(inner);
     drop(kernel);
     drop(netns);
-    Run { first, partial, forced, floor }
+    let upstream = (o.upstream && o.mode == Mode::Kernel).then(|| {
+        let tx = upstream_first_sync(o);
+        println!("upstream's first sync: {} operations in 1 transaction; load: {}", tx.len(), load());
+        let t = replay(&tx, run, false);
+        println!("| upstream's first sync, one `nft -f` | {} | {} in 1 | | | | |", ms(t), tx.len());
+        let anonymous = tx
+            .ops
+            .iter()
+            .filter(|op| matches!(op, Operation::AddRule(r) if r.text.contains('{') && !r.text.contains("update @")))
+            .count();
+        let named = tx
+            .ops
+            .iter()
+            .filter(|op| matches!(op, Operation::AddSet(set) if set.name.starts_with("affinity-")))
+            .count();
+        let chunk = o.chunk.unwrap_or(kube_proxy_rs::proxier::nftables::plan::CHUNK_OPERATIONS);
+        let f = set_floor(anonymous, named, chunk, run);
+        println!(
+            "| set floor: {anonymous} anonymous maps, {named} named sets (2 references each), pieces of {chunk} | {} | | | | | |",
+            ms(f)
+        );
+        println!("load after upstream's and the set floor: {}", load());
+        println!();
+        (t, f)
+    });
+    Run { first, partial, forced, floor, upstream: upstream.map(|u| u.0), set_floor: upstream.map(|u| u.1) }
 }
 
 fn main() {
@@ -376,8 +572,11 @@ fn main() {
     let runs: usize = arg("--runs").and_then(|p| p.parse().ok()).unwrap_or(3).max(1);
     let partials: usize = arg("--partials").and_then(|p| p.parse().ok()).unwrap_or(9).max(1);
     let chunk: Option<usize> = arg("--chunk").and_then(|p| p.parse().ok());
+    let affinity_every: usize =
+        arg("--affinity-every").and_then(|p| p.parse().ok()).unwrap_or(ClusterShape::DEFAULT_AFFINITY_EVERY);
+    let upstream = std::env::args().any(|a| a == "--upstream");
     println!(
-        "{services} services × {per} endpoints, release {release}, kernel: {}, {runs} runs of {partials} partial syncs, chunk {}",
+        "{services} services × {per} endpoints (affinity on every {affinity_every}th), release {release}, kernel: {}, {runs} runs of {partials} partial syncs, chunk {}",
         match mode {
             Mode::Kernel => "nft in a network namespace",
             Mode::Fake => "FakeNftables (applies)",
@@ -385,7 +584,7 @@ fn main() {
         },
         chunk.map_or("default".to_string(), |c| c.to_string()),
     );
-    let options = Options { services, per, release, mode, partials, chunk };
+    let options = Options { services, per, release, mode, partials, chunk, affinity_every, upstream };
     let mut all = Vec::new();
     for run in 0..runs {
         println!("## run {}", run + 1);
@@ -405,5 +604,19 @@ fn main() {
         let mut floors = floors;
         floors.sort();
         println!("| floor: chain + `goto` rule | {} | 2 in 1 | |", ms(floors[floors.len() / 2]));
+    }
+    let mut upstream: Vec<Duration> = all.iter().filter_map(|r| r.upstream).collect();
+    if !upstream.is_empty() {
+        upstream.sort();
+        let u = upstream[upstream.len() / 2];
+        println!("| upstream's first sync, one `nft -f` | {} | | |", ms(u));
+        println!("ratio upstream / ours (first sync, medians): {:.2}", u.as_secs_f64() / first.elapsed.as_secs_f64());
+    }
+    let mut set_floors: Vec<Duration> = all.iter().filter_map(|r| r.set_floor).collect();
+    if !set_floors.is_empty() {
+        set_floors.sort();
+        let f = set_floors[set_floors.len() / 2];
+        println!("| set floor (same sets, cheapest order) | {} | | |", ms(f));
+        println!("ratio ours / set floor (first sync, medians): {:.2}", first.elapsed.as_secs_f64() / f.as_secs_f64());
     }
 }

@@ -30,7 +30,9 @@
 //!
 //! Operations are grouped so that every transaction applies in order: add the table,
 //! re-create base chains whose hook or priority changed, add chains and sets, flush chains,
-//! delete sets (then add again those re-created), add rules, delete elements, add elements.
+//! delete sets (then add again those re-created), add rules (those of chains holding an
+//! anonymous set or map first), delete elements, add elements. The order within a
+//! transaction is chosen for the kernel's costs (see [`Phases`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -235,8 +237,12 @@ pub struct PlanStats {
 
 /// Full syncs larger than this many operations are sent in several transactions, each
 /// ending where the table is consistent (see [`Phases`]): the proxier never holds the whole
-/// first sync of a large cluster in memory, and `nft` never parses it in one piece.
-pub const CHUNK_OPERATIONS: usize = 100_000;
+/// first sync of a large cluster in memory, `nft` never parses it in one piece, and the
+/// kernel's per-transaction costs that grow with the transaction (binding each anonymous set
+/// walks the whole pending batch) stay bounded. Chosen by measurement (docs/performance.md,
+/// `nft_scale --kernel --chunk`): smaller pieces pay the table's re-validation and `nft`'s
+/// cache fetch once more each.
+pub const CHUNK_OPERATIONS: usize = 5_000;
 
 /// Receives the transactions of a full sync sent in pieces, in order.
 pub(crate) type ChunkSink<'a> = &'a mut dyn FnMut(Transaction) -> Result<(), NftError>;
@@ -258,15 +264,31 @@ pub(crate) struct Chunks<'a> {
 ///
 /// Every group leaves the table consistent and the traffic as before, so a full sync can be
 /// cut into transactions between groups ([`CHUNK_OPERATIONS`]); partial syncs are one.
+///
+/// Within a transaction of a full sync the closed groups go out by class, each class in
+/// group order (a partial sync, a handful of groups, keeps them one after the other):
+/// every group's prelude and adds (declarations of empty objects, and base chains
+/// re-created: nothing can jump to those), then early flushes and set re-creations (the
+/// flushes still precede the deletions that need them), then the write blocks (flush and
+/// rules) of chains whose rules hold an anonymous set or map, then the other write blocks,
+/// then the tail. Any order of the groups' classes applies, since each class only needs what
+/// the classes before it in its own group made. This one is the cheapest for the kernel:
+/// binding an anonymous set walks the whole pending batch (`__nft_set_trans_bind`), so those
+/// rules go while the batch is short, and named-set lookups walk the table's list of sets,
+/// in which the declarations then come first.
 struct Phases<'s> {
-    /// Groups finished and not sent yet.
-    done: Vec<Operation>,
+    /// Groups closed and not sent yet, by class.
+    pending: Pending,
+    /// Whether transactions are ordered by class (full syncs), or group after group.
+    by_class: bool,
     // The group being built.
     prelude: Vec<Operation>,
     adds: Vec<Operation>,
     early_flushes: Vec<Operation>,
     set_recreate_deletes: Vec<Operation>,
     set_readds: Vec<Operation>,
+    /// Write blocks of chains whose rules hold an anonymous set or map.
+    anonymous_writes: Vec<Operation>,
     writes: Vec<Operation>,
     // The tail.
     element_deletes: Vec<Operation>,
@@ -281,15 +303,55 @@ struct Phases<'s> {
     failed: Option<NftError>,
 }
 
+/// Closed groups' operations by class, in the order a transaction sends the classes.
+#[derive(Default)]
+struct Pending {
+    declarations: Vec<Operation>,
+    recreations: Vec<Operation>,
+    anonymous_writes: Vec<Operation>,
+    writes: Vec<Operation>,
+}
+
+impl Pending {
+    fn len(&self) -> usize {
+        self.declarations.len() + self.recreations.len() + self.anonymous_writes.len() + self.writes.len()
+    }
+
+    fn take(&mut self) -> Vec<Operation> {
+        let mut ops = Vec::with_capacity(self.len());
+        for part in [&mut self.declarations, &mut self.recreations, &mut self.anonymous_writes, &mut self.writes] {
+            ops.append(part);
+        }
+        ops
+    }
+}
+
+/// Whether rule text holds an anonymous set or map (`vmap { … }`, `saddr != { … }`): a
+/// brace not opened by `update @set { … }` / `add @set { … }`, whose braces hold the key.
+fn holds_anonymous_set(text: &str) -> bool {
+    let mut rest = text;
+    while let Some(at) = rest.find('{') {
+        let before = rest[..at].trim_end();
+        let word = before.rsplit(' ').next().unwrap_or_default();
+        if !word.starts_with('@') {
+            return true;
+        }
+        rest = &rest[at + 1..];
+    }
+    false
+}
+
 impl<'s> Phases<'s> {
     fn new(sink: Option<Chunks<'s>>) -> Phases<'s> {
         Phases {
-            done: Vec::new(),
+            pending: Pending::default(),
+            by_class: sink.is_some(),
             prelude: Vec::new(),
             adds: Vec::new(),
             early_flushes: Vec::new(),
             set_recreate_deletes: Vec::new(),
             set_readds: Vec::new(),
+            anonymous_writes: Vec::new(),
             writes: Vec::new(),
             element_deletes: Vec::new(),
             element_adds: Vec::new(),
@@ -303,32 +365,40 @@ impl<'s> Phases<'s> {
         }
     }
 
-    /// Closes the group being built; sends what is done when it is large enough.
+    /// Closes the group being built; sends what is pending when it is large enough.
     fn end_group(&mut self) {
-        for part in [
-            &mut self.prelude,
-            &mut self.adds,
-            &mut self.early_flushes,
-            &mut self.set_recreate_deletes,
-            &mut self.set_readds,
-            &mut self.writes,
-        ] {
-            self.done.append(part);
+        let pending = &mut self.pending;
+        if !self.by_class {
+            for part in [
+                &mut self.prelude,
+                &mut self.adds,
+                &mut self.early_flushes,
+                &mut self.set_recreate_deletes,
+                &mut self.set_readds,
+                &mut self.writes,
+            ] {
+                pending.writes.append(part);
+            }
         }
+        pending.declarations.append(&mut self.prelude);
+        pending.declarations.append(&mut self.adds);
+        pending.recreations.append(&mut self.early_flushes);
+        pending.recreations.append(&mut self.set_recreate_deletes);
+        pending.recreations.append(&mut self.set_readds);
+        pending.anonymous_writes.append(&mut self.anonymous_writes);
+        pending.writes.append(&mut self.writes);
         if let Some(chunks) = self.sink.as_mut()
-            && self.done.len() >= chunks.operations
+            && self.pending.len() >= chunks.operations
             && self.failed.is_none()
         {
-            {
-                let ops = std::mem::take(&mut self.done);
-                let n = ops.len();
-                match (chunks.sink)(Transaction { ops }) {
-                    Ok(()) => {
-                        self.sent += n;
-                        self.chunks += 1;
-                    }
-                    Err(e) => self.failed = Some(e),
+            let ops = self.pending.take();
+            let n = ops.len();
+            match (chunks.sink)(Transaction { ops }) {
+                Ok(()) => {
+                    self.sent += n;
+                    self.chunks += 1;
                 }
+                Err(e) => self.failed = Some(e),
             }
         }
     }
@@ -338,7 +408,7 @@ impl<'s> Phases<'s> {
         if let Some(e) = self.failed {
             return Err(e);
         }
-        let mut ops = self.done;
+        let mut ops = self.pending.take();
         for part in [self.element_deletes, self.element_adds, self.stale_flushes, self.set_deletes] {
             ops.extend(part);
         }
@@ -382,24 +452,24 @@ impl<'s> Phases<'s> {
         }
         self.prelude.push(Operation::DeleteChain(name.clone()));
         self.prelude.push(Operation::AddChain(chain));
-        self.add_rules(&name, rules);
+        self.write_block(&name, None, rules);
     }
 
     fn new_chain(&mut self, chain: Chain, rules: Vec<RuleSpec>) {
         let name = chain.name.clone();
         self.add_chain(chain);
-        self.add_rules(&name, rules);
+        self.write_block(&name, None, rules);
     }
 
     /// Flushes an existing chain holding `held_rules` rules and writes `rules` into it, in one
     /// go unless `flush_early` (it names a set the group re-creates).
     fn rewrite_chain(&mut self, name: &str, held_rules: usize, rules: Vec<RuleSpec>, flush_early: bool) {
         self.stats.chains_rewritten += 1;
-        if held_rules > 0 {
-            let flush = Operation::FlushChain(name.to_string());
-            if flush_early { self.early_flushes.push(flush) } else { self.writes.push(flush) }
+        let mut flush = (held_rules > 0).then(|| Operation::FlushChain(name.to_string()));
+        if flush_early && let Some(flush) = flush.take() {
+            self.early_flushes.push(flush);
         }
-        self.add_rules(name, rules);
+        self.write_block(name, flush, rules);
     }
 
     /// A per-service chain nothing uses any more: flushed in the tail (or early, when it
@@ -412,10 +482,18 @@ impl<'s> Phases<'s> {
         }
     }
 
-    fn add_rules(&mut self, chain: &str, rules: Vec<RuleSpec>) {
+    /// A chain's write block: its flush (if any), then its rules; with the anonymous-set
+    /// writes when a rule holds one.
+    fn write_block(&mut self, chain: &str, flush: Option<Operation>, rules: Vec<RuleSpec>) {
         self.stats.rules_added += rules.len();
+        let writes = if self.by_class && rules.iter().any(|r| holds_anonymous_set(&r.text)) {
+            &mut self.anonymous_writes
+        } else {
+            &mut self.writes
+        };
+        writes.extend(flush);
         for r in rules {
-            self.writes.push(Operation::AddRule(Rule {
+            writes.push(Operation::AddRule(Rule {
                 chain: chain.to_string(),
                 text: r.text,
                 comment: r.comment.map(str::to_string),
@@ -903,4 +981,133 @@ pub(crate) fn due_stale_chains(stale: &StaleChains, now: Instant) -> Vec<String>
         .collect();
     due.sort_unstable();
     due
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::holds_anonymous_set;
+    use crate::compat::{Features, Release};
+    use crate::model::{Cidr, IpFamily, NamespacedName};
+    use crate::nftables::fake::FakeNftables;
+    use crate::nftables::{Family, Operation, TableState, Transaction};
+    use crate::proxier::StaticInterfaces;
+    use crate::proxier::local_detect::LocalDetector;
+    use crate::proxier::nftables::{NftProxierConfig, NftRenderConfig, NftSyncOutcome, NftablesProxier};
+    use crate::proxier::nodeport_addresses::NodePortAddresses;
+    use crate::synthetic;
+
+    #[test]
+    fn anonymous_sets_are_told_from_set_updates() {
+        assert!(holds_anonymous_set("numgen random mod 2 vmap { 0 : goto endpoint-a , 1 : goto endpoint-b }"));
+        assert!(holds_anonymous_set(
+            "meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.0.0.1 . 80 }"
+        ));
+        assert!(holds_anonymous_set("ip saddr != { 203.0.113.0/24 } drop"));
+        assert!(holds_anonymous_set("ip daddr { 172.16.0.0/12 } drop"));
+        assert!(!holds_anonymous_set("update @affinity-abc-ns/svc/tcp/p80__10.0.0.1/80 { ip saddr }"));
+        assert!(!holds_anonymous_set("ip daddr . meta l4proto . th dport vmap @service-ips"));
+        assert!(!holds_anonymous_set("ip saddr @affinity-x goto endpoint-y"));
+    }
+
+    /// A proxier on `FakeNftables` with a synthetic cluster of `services` Services (every third
+    /// with session affinity) × `per` endpoints, sending full syncs in pieces of `chunk`.
+    fn proxier(release: Release, services: usize, per: usize, chunk: usize) -> (NftablesProxier, Arc<FakeNftables>) {
+        let nft = Arc::new(FakeNftables::new(Family::Ip));
+        let cfg = NftProxierConfig {
+            render: NftRenderConfig {
+                family: IpFamily::V4,
+                masquerade_all: false,
+                masquerade_mark: "0x00004000".into(),
+                local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
+                node_ip: Some("192.168.0.2".parse().expect("ip")),
+                node_port_addresses: NodePortAddresses::new(IpFamily::V4, &["192.168.0.2/32".into()]),
+                features: Features::of(release),
+            },
+            hostname: synthetic::NODE_NAME.into(),
+            sync_period: Duration::from_secs(30),
+        };
+        let proxier = NftablesProxier::new(
+            cfg,
+            nft.clone(),
+            Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])),
+        )
+        .with_chunk_operations(chunk);
+        proxier.on_service_cidrs(&["172.16.0.0/12".into()]);
+        for i in 0..services {
+            let s = synthetic::shaped_service(i, 3);
+            proxier.on_service_state(NamespacedName::of_object(&s.metadata), Some(&s));
+            proxier.on_endpoint_slice_update(&synthetic::slice(i, per, 0), false);
+        }
+        proxier.on_services_synced();
+        proxier.on_endpoint_slices_synced();
+        (proxier, nft)
+    }
+
+    /// Where an operation of a first write goes in its transaction: declarations, write
+    /// blocks of chains holding an anonymous set, other write blocks, the tail.
+    fn class(op: &Operation, anonymous_chains: &[&str]) -> u8 {
+        match op {
+            Operation::AddTable | Operation::AddChain(_) | Operation::AddSet(_) => 0,
+            Operation::FlushChain(c) if anonymous_chains.contains(&c.as_str()) => 1,
+            Operation::AddRule(r) if anonymous_chains.contains(&r.chain.as_str()) => 1,
+            Operation::FlushChain(_) | Operation::AddRule(_) | Operation::FlushSet { .. } => 2,
+            _ => 3,
+        }
+    }
+
+    fn first_sync_in_pieces(release: Release, blind: bool) {
+        let (mut whole, whole_nft) = proxier(release, 40, 3, usize::MAX);
+        let NftSyncOutcome::Synced(report) = whole.sync(Instant::now()) else { panic!("not initialised") };
+        assert!(report.result.is_ok(), "{release}: {:?}", report.result);
+        assert_eq!(whole_nft.runs().len(), 1);
+
+        let (mut pieces, nft) = proxier(release, 40, 3, 60);
+        if blind {
+            nft.fail_next_lists(1);
+        }
+        let NftSyncOutcome::Synced(report) = pieces.sync(Instant::now()) else { panic!("not initialised") };
+        assert!(report.result.is_ok(), "{release}: {:?}", report.result);
+        assert_eq!(report.stats.listed, !blind);
+        let runs: Vec<Transaction> = nft.runs();
+        assert!(runs.len() > 5, "{release}: {} transactions", runs.len());
+
+        // Each piece applies on its own, in order, to a kernel that refuses a rule naming a
+        // chain or set not declared yet (so no piece leaves one for a later piece).
+        let mut table = TableState::default();
+        for (i, tx) in runs.iter().enumerate() {
+            table.apply(tx).unwrap_or_else(|e| panic!("{release}: piece {i} refused: {e}\n{tx:?}"));
+            let anonymous: Vec<&str> = tx
+                .ops
+                .iter()
+                .filter_map(|op| match op {
+                    Operation::AddRule(r) if holds_anonymous_set(&r.text) => Some(r.chain.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let classes: Vec<u8> = tx.ops.iter().map(|op| class(op, &anonymous)).collect();
+            assert!(classes.is_sorted(), "{release}: piece {i} out of order: {classes:?}");
+            assert!(i + 1 == runs.len() || !classes.contains(&3), "{release}: elements before the last piece");
+            assert!(i + 1 == runs.len() || tx.len() >= 60, "{release}: piece {i} of {} operations", tx.len());
+        }
+        assert!(runs.iter().any(|tx| tx.ops.iter().any(|op| class(op, &[]) == 0)));
+        assert_eq!(table, whole_nft.table(), "{release}: the pieces make the table one transaction makes");
+        assert_eq!(nft.table(), whole_nft.table(), "{release}");
+
+        // The full sync against the table as listed finds nothing to do.
+        pieces.force_full_sync();
+        let NftSyncOutcome::Synced(report) = pieces.sync(Instant::now()) else { panic!("not initialised") };
+        assert!(report.result.is_ok() && report.full, "{release}");
+        assert_eq!(report.stats.operations, 0, "{release}: {:?}", report.transaction);
+    }
+
+    #[test]
+    fn a_first_sync_in_pieces_applies_piece_by_piece() {
+        for release in [Release::V1_33, Release::V1_35, Release::V1_37] {
+            first_sync_in_pieces(release, false);
+            first_sync_in_pieces(release, true);
+        }
+    }
 }
