@@ -513,9 +513,8 @@ fn nftables_manifest_is_the_iptables_one_but_for_its_mode_and_capabilities() {
             Some("ConfigMap") => {
                 let text = doc["data"]["config.conf"].as_str().expect("config.conf").to_string();
                 assert!(text.contains("\nmode: nftables\n") && text.contains(section), "{text}");
-                let as_iptables = text
-                    .replace("\nmode: nftables\n", "\nmode: iptables\n")
-                    .replace(section, &iptables_section);
+                let as_iptables =
+                    text.replace("\nmode: nftables\n", "\nmode: iptables\n").replace(section, &iptables_section);
                 doc["data"]["config.conf"] = serde_yaml::Value::String(as_iptables);
                 changed += 1;
             }
