@@ -7,6 +7,13 @@
 //! way; on an iptables-legacy node too. With any one capability of the set removed, the daemon
 //! and `--cleanup` exit non-zero with an error naming it, before touching a rule. Root only.
 //!
+//! nftables mode, as deploy/kube-proxy-rs-nftables.yaml runs it: NET_ADMIN is all `nft` and
+//! conntrack need (found by experiment: without it nft's transactions fail with "Operation not
+//! permitted"; NET_RAW changes nothing for nft). With exactly that set the daemon programs its
+//! `kube-proxy` table, serves real traffic, clears a UDP flow's entry and removes iptables-nft
+//! leftovers of iptables mode; without it, it exits at once naming CAP_NET_ADMIN and writes no
+//! table.
+//!
 //! The restrictions are applied the way a container runtime does, inside the node namespace:
 //! `ip netns exec` gives the command a mount namespace of its own, where `sh` bind-remounts
 //! the paths read-only, then `setpriv` limits the bounding set (a root process's capabilities
@@ -27,7 +34,12 @@ const PROGRAMMED: Duration = Duration::from_secs(30);
 /// The capabilities deploy/kube-proxy-rs.yaml adds to the daemon container, as `setpriv`
 /// names them (`net_admin`); also checks it drops all the others.
 fn manifest_capabilities() -> Vec<String> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kube-proxy-rs.yaml");
+    capabilities_of("deploy/kube-proxy-rs.yaml")
+}
+
+/// [`manifest_capabilities`] of the manifest at `file` (relative to the repository).
+fn capabilities_of(file: &str) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
     let text = std::fs::read_to_string(&path).expect("read the manifest");
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).expect("manifest YAML");
@@ -297,4 +309,80 @@ async fn one_capability_fewer_is_a_clear_error_naming_it() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(&named), "--cleanup without {missing}: {stderr}");
     }
+}
+
+/// nftables mode with exactly deploy/kube-proxy-rs-nftables.yaml's capabilities (NET_ADMIN):
+/// the `kube-proxy` table programmed, real traffic served, a UDP flow's conntrack entry
+/// cleared on a change, iptables-nft leftovers of iptables mode removed, /healthz, a clean
+/// stop. With that capability removed the daemon exits at once naming it and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nftables_mode_works_with_exactly_its_manifest_capabilities() {
+    require_root!();
+    let caps = capabilities_of("deploy/kube-proxy-rs-nftables.yaml");
+    assert_eq!(caps, ["net_admin"], "nftables mode's set (see the module documentation)");
+    let mut c = Cluster::network("e2eprivnft").await;
+    let mut args = c.daemon_args();
+    args.push("--proxy-mode=nftables".into());
+    // A leftover of iptables mode (iptables-nft), for the daemon to remove under NET_ADMIN alone.
+    c.node_a.ok(&["iptables-nft", "-t", "nat", "-N", "KUBE-SERVICES"]);
+
+    // Without NET_ADMIN (no capability at all): an error naming it, nothing written.
+    let mut daemon = DaemonProcess::spawn(restricted(&c.node_a, &[], &args), c.dir.path().join("no-caps.log"));
+    let status = daemon.wait_exit(Duration::from_secs(20)).await;
+    let text = daemon.log_text();
+    assert!(!status.success(), "without NET_ADMIN the daemon must fail\n{text}");
+    assert!(
+        text.contains("missing capability CAP_NET_ADMIN: needed to program nftables rules")
+            && text.contains("securityContext.capabilities.add: [NET_ADMIN]"),
+        "{text}"
+    );
+    assert!(!text.contains("CAP_NET_RAW"), "nftables mode does not require NET_RAW: {text}");
+    assert!(c.nft_table("ip").is_empty() && c.nft_table("ip6").is_empty(), "nothing programmed without NET_ADMIN");
+    assert!(c.nat().contains(":KUBE-SERVICES"), "nothing removed either");
+
+    let mut init = vec![BIN, "--init-only"];
+    init.extend(args.iter().map(String::as_str));
+    let out = c.node_a.run(&init);
+    assert!(out.success(), "--init-only failed: {}", out.combined());
+    let log = c.dir.path().join("daemon.log");
+    c.daemon = Some(DaemonProcess::spawn(restricted(&c.node_a, &caps, &args), log));
+    assert_restricted(c.daemon(), &caps).await;
+
+    let t = Instant::now();
+    let (a1, a2) = (c.pod(POD_A1), c.pod(POD_A2));
+    c.server.create(&svc("ns1", "dns").cluster_ip("198.19.0.80").tcp("http", 80).udp("dns", 53).build());
+    c.server.create(&pods_slice("dns", &[a1]).build());
+    let flow = UdpFlow::open(&c.pod(CPOD).ns, sa("198.19.0.80", 53));
+    eventually("a UDP flow answered by pod-a1", PROGRAMMED, || flow.request().is_ok_and(|r| r.pod == a1.name)).await;
+    eventually("TCP from outside the cluster answered", PROGRAMMED, || {
+        crate::support::cluster_net::tcp_request(&c.client, sa("198.19.0.80", 80), None).is_ok_and(|r| r.pod == a1.name)
+    })
+    .await;
+    eprintln!("programmed in {:?}", t.elapsed());
+    let table = c.nft_table("ip");
+    assert!(table.contains("198.19.0.80") && table.contains("ns1/dns/udp/dns"), "{table}");
+    eventually("iptables mode's leftover removed", PROGRAMMED, || !c.nat().contains("KUBE-SERVICES")).await;
+
+    // A change: the same UDP socket reaches pod-a2 only if the flow's entry was deleted.
+    c.server.update(&pods_slice("dns", &[a2]).build());
+    eventually("the UDP flow moves to pod-a2 (conntrack entry deleted)", PROGRAMMED, || {
+        std::thread::sleep(Duration::from_millis(100));
+        flow.request().is_ok_and(|r| r.pod == a2.name)
+    })
+    .await;
+
+    let answer = healthz(&c.node_a);
+    assert!(answer.contains(" 200 ") && answer.contains("\"healthy\":true"), "{answer}\n{}", c.log());
+    let log = c.log();
+    assert!(log.contains("mode=nftables") || log.contains("nftables"), "{log}");
+    // Said once, not an error: without NET_RAW iptables-legacy is not read.
+    assert!(log.contains("missing capability CAP_NET_RAW") && log.contains("--cleanup"), "{log}");
+    assert!(!log.contains(" ERROR "), "{log}");
+    assert_no_permission_errors(&log);
+
+    c.daemon().signal("TERM");
+    let mut daemon = c.daemon.take().expect("daemon");
+    let status = daemon.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "exit status {status}\n{}", daemon.log_text());
+    assert!(c.nft_table("ip").contains("198.19.0.80"), "the rules stay on shutdown");
 }

@@ -6,8 +6,10 @@
 //! the test API server: it picks the backend the node uses, programs the rules, answers
 //! /healthz, clears conntrack entries, and `--cleanup` from the image removes its rules.
 //! Both backends, so the image's iptables-nft and iptables-legacy are each shown to agree with
-//! the host kernel. The docker-archive written beside it (for Docker < 25) is checked to be the
-//! same image. Root only (CI is root); needs the Debian mirror the first time.
+//! the host kernel. nftables mode too: with `--proxy-mode=nftables` the image's `nft` programs
+//! the `kube-proxy` tables and `--cleanup` from the image deletes them. The docker-archive
+//! written beside it (for Docker < 25) is checked to be the same image. Root only (CI is root);
+//! needs the Debian mirror the first time.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -282,6 +284,72 @@ async fn image_runs_the_daemon_and_cleans_up_with_iptables_nft() {
 async fn image_runs_the_daemon_and_cleans_up_with_iptables_legacy() {
     require_root!();
     daemon_from_image("legacy").await;
+}
+
+/// The image's daemon in nftables mode (`--proxy-mode=nftables`): the image's `nft` writes
+/// both families' `kube-proxy` tables, a change follows, /healthz answers, and `--cleanup` from
+/// the image deletes the tables (and nothing of iptables mode is written meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_runs_the_daemon_in_nftables_mode_and_cleans_up() {
+    require_root!();
+    let image = unpack(&image_archive(), "imgnftables");
+    let rootfs = image.rootfs_str();
+    let (_api_ns, node_ns, server) = topology("imgnftables").await;
+    server.create(&node("node-img", &[], &[], &[NODE_IP]));
+    server.create(&svc("ns1", "web").cluster_ip("198.19.0.1").tcp("http", 80).build());
+    server.create(&slice("ns1", "web", "web-1").tcp("http", 8080).ips(&["198.19.8.1"]).build());
+    let table = |family: &str| -> String {
+        let out = in_image(&node_ns, &rootfs, &["nft", "list", "table", family, "kube-proxy"]).output().expect("nft");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    let kubeconfig = image.rootfs().join("etc/kube-proxy-rs/kubeconfig");
+    std::fs::create_dir_all(kubeconfig.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&kubeconfig, kubeconfig_text(&server)).expect("kubeconfig");
+    let mut args = daemon_args(Path::new("/etc/kube-proxy-rs/kubeconfig"), "node-img");
+    args.extend(["--proxy-mode=nftables", "-v=2"].map(String::from));
+    let mut argv = vec![ENTRYPOINT];
+    argv.extend(args.iter().map(String::as_str));
+    let mut daemon = DaemonProcess::spawn(in_image(&node_ns, &rootfs, &argv), image.dir.path().join("daemon.log"));
+
+    wait_for(&daemon, "the kube-proxy table programmed through the image's nft", || {
+        let t = table("ip");
+        t.contains("198.19.0.1 . tcp . 80") && t.contains("198.19.8.1")
+    })
+    .await;
+    let ipv4 = table("ip");
+    assert!(ipv4.contains("chain service-") && ipv4.contains("ns1/web/tcp/http"), "{ipv4}");
+    assert!(table("ip6").contains("table ip6 kube-proxy"), "the IPv6 table too:\n{}", daemon.log_text());
+    let log = daemon.log_text();
+    assert!(log.contains("using nft"), "{log}");
+
+    server.update(&slice("ns1", "web", "web-1").tcp("http", 8080).ips(&["198.19.8.2"]).build());
+    wait_for(&daemon, "the new endpoint", || {
+        let t = table("ip");
+        t.contains("198.19.8.2") && !t.contains("198.19.8.1")
+    })
+    .await;
+    let healthz = node_ns.ok(&[
+        "bash",
+        "-c",
+        &format!("exec 3<>/dev/tcp/{NODE_IP}/10256; printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"),
+    ]);
+    assert!(healthz.starts_with("HTTP/1.") && healthz.contains(" 200 "), "{healthz}\n{}", daemon.log_text());
+    let log = daemon.log_text();
+    assert!(!log.contains(" ERROR "), "{log}");
+    for backend in ["nft", "legacy"] {
+        let nat = image_ok(&node_ns, &rootfs, &[&format!("iptables-{backend}-save"), "-t", "nat"]);
+        assert!(!nat.contains("KUBE-SERVICES"), "iptables mode's rules written with iptables-{backend}:\n{nat}");
+    }
+
+    daemon.signal("TERM");
+    let status = daemon.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "exit status {status}\n{}", daemon.log_text());
+    assert!(table("ip").contains("198.19.8.2"), "the rules stay on shutdown");
+
+    image_ok(&node_ns, &rootfs, &[ENTRYPOINT, "--cleanup"]);
+    let tables = image_ok(&node_ns, &rootfs, &["nft", "list", "tables"]);
+    assert!(!tables.contains("kube-proxy"), "left behind by --cleanup from the image:\n{tables}");
 }
 
 /// Polls `check` for up to 30 s, failing with the daemon's log.

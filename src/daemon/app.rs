@@ -181,7 +181,7 @@ pub fn run_daemon(
     // Before any iptables command, so too few capabilities fail here, naming the missing one.
     // `--init-only` runs privileged (it writes /proc/sys); its failures name the sysctl.
     if !init_only {
-        crate::node::capabilities::check_this_process()?;
+        check_capabilities(settings.mode)?;
     }
     // Before any thread or socket exists, as Go's runtime does it for upstream.
     crate::node::fd_limit::raise_open_file_limit(&crate::node::fd_limit::ProcessOpenFileLimit);
@@ -194,6 +194,27 @@ pub fn run_daemon(
         master.map(str::to_string),
         init_only,
     ))
+}
+
+/// The capabilities `mode` needs (node::capabilities): iptables mode NET_ADMIN and NET_RAW,
+/// nftables mode NET_ADMIN only, saying once that without NET_RAW iptables-legacy's leftovers
+/// of iptables mode are neither read nor removed.
+fn check_capabilities(mode: crate::config::ProxyMode) -> Result<(), AppError> {
+    use crate::node::capabilities::{NFTABLES_LEGACY_LEFTOVERS, REQUIRED, REQUIRED_NFTABLES, check_this_process_for};
+    match mode {
+        crate::config::ProxyMode::Iptables => check_this_process_for(REQUIRED)?,
+        crate::config::ProxyMode::Nftables => {
+            check_this_process_for(REQUIRED_NFTABLES)?;
+            if let Err(e) = check_this_process_for(&[NFTABLES_LEGACY_LEFTOVERS]) {
+                tracing::info!(
+                    "{e}. Without it iptables-legacy is not read: a node that ran kube-proxy in iptables mode on \
+                     iptables-legacy keeps those rules until `kube-proxy-rs --cleanup` (deploy/cleanup-job.yaml) \
+                     runs there once; iptables-nft's are removed"
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How a server that cannot bind is reported: a Warning with `reason` on this Node, raised on

@@ -13,6 +13,14 @@
 //!   detection, which counts a failed save as an empty one, would silently choose nft on a node
 //!   whose kubelet uses legacy.
 //!
+//! nftables mode needs less (tests/e2e_privileges.rs runs it the same way with
+//! deploy/kube-proxy-rs-nftables.yaml's set): `nft` and conntrack's netlink socket need
+//! `CAP_NET_ADMIN` only (without it nft fails with "Operation not permitted"), so
+//! [`REQUIRED_NFTABLES`] is that one. `CAP_NET_RAW` there serves one thing only, reading and
+//! removing iptables mode's leftover rules in iptables-legacy ([`NFTABLES_LEGACY_LEFTOVERS`]):
+//! without it the daemon says so at start-up and carries on (iptables-nft's leftovers are
+//! still removed; `--cleanup`, which needs both, removes legacy ones).
+//!
 //! Nothing else is needed: the health and metrics ports are unprivileged (≥ 1024), raising the
 //! soft open-file limit to the hard one needs no capability, sysctls are set by `--init-only`
 //! in a privileged init container (the daemon only writes one when it differs), and lowering
@@ -82,6 +90,19 @@ pub const REQUIRED: &[Requirement] = &[
     },
 ];
 
+/// What the daemon needs in nftables mode (see the module documentation).
+pub const REQUIRED_NFTABLES: &[Requirement] = &[Requirement {
+    capability: Capability::NetAdmin,
+    purpose: "to program nftables rules (nft) and delete stale conntrack entries",
+}];
+
+/// In nftables mode, what `CAP_NET_RAW` is still good for: the leftovers of iptables mode in
+/// iptables-legacy (a node that ran kube-proxy in iptables mode on iptables-legacy).
+pub const NFTABLES_LEGACY_LEFTOVERS: Requirement = Requirement {
+    capability: Capability::NetRaw,
+    purpose: "to read and remove iptables mode's leftover rules in iptables-legacy",
+};
+
 /// The capability state of a process, as far as the check needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessCapabilities {
@@ -120,8 +141,8 @@ fn missing_message(missing: &[(Requirement, bool)], uid: u32) -> String {
             let c = r.capability;
             if *effective_only {
                 format!(
-                    "capability {c} is effective but not ambient, so the iptables and conntrack commands this process \
-                     (uid {uid}) runs would not get it; it is needed {}; run as root (runAsUser: 0) or make it ambient",
+                    "capability {c} is effective but not ambient, so the iptables, nft and conntrack commands this \
+                     process (uid {uid}) runs would not get it; it is needed {}; run as root (runAsUser: 0) or make it ambient",
                     r.purpose
                 )
             } else {
@@ -229,9 +250,14 @@ pub fn check(probe: &dyn CapabilityProbe, required: &[Requirement]) -> Result<()
     }
 }
 
-/// [`check`] of [`REQUIRED`] against this process.
+/// [`check`] of [`REQUIRED`] (iptables mode, `--cleanup`) against this process.
 pub fn check_this_process() -> Result<(), CapabilityError> {
     check(&ProcStatus::default(), REQUIRED)
+}
+
+/// [`check`] of `required` against this process.
+pub fn check_this_process_for(required: &[Requirement]) -> Result<(), CapabilityError> {
+    check(&ProcStatus::default(), required)
 }
 
 #[cfg(test)]
@@ -315,6 +341,19 @@ mod tests {
     fn an_unreadable_status_is_an_error_not_a_pass() {
         let err = check(&FakeProbe(Err("CapEff")), REQUIRED).unwrap_err();
         assert!(matches!(err, CapabilityError::Parse { field: "CapEff", .. }), "{err}");
+    }
+
+    #[test]
+    fn nftables_mode_needs_net_admin_only() {
+        check(&root_with(NET_ADMIN), REQUIRED_NFTABLES).expect("NET_ADMIN is enough");
+        let err = check(&root_with(NET_RAW), REQUIRED_NFTABLES).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "missing capability CAP_NET_ADMIN: needed to program nftables rules (nft) and delete stale conntrack \
+             entries; run with securityContext.capabilities.add: [NET_ADMIN]"
+        );
+        let err = check(&root_with(NET_ADMIN), &[NFTABLES_LEGACY_LEFTOVERS]).unwrap_err().to_string();
+        assert!(err.starts_with("missing capability CAP_NET_RAW: needed to read and remove iptables mode's"), "{err}");
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! accepts. Privileges: only the `--init-only` init container is privileged; the daemon and
 //! the cleanup Job drop every capability but exactly the ones the daemon checks for
 //! ([`kube_proxy_rs::node::capabilities::REQUIRED`], proven by tests/e2e_privileges.rs), on a
-//! read-only root filesystem.
+//! read-only root filesystem. The nftables-mode DaemonSet (kube-proxy-rs-nftables.yaml) passes
+//! the same checks with nftables mode's capability
+//! ([`kube_proxy_rs::node::capabilities::REQUIRED_NFTABLES`]) and differs from the iptables one
+//! in nothing but its mode section and that capability.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -23,6 +26,7 @@ use serde::de::DeserializeOwned;
 use kube_proxy_rs::cmd::cli::Cli;
 use kube_proxy_rs::cmd::options;
 use kube_proxy_rs::config;
+use kube_proxy_rs::node::capabilities::{REQUIRED, REQUIRED_NFTABLES, Requirement};
 
 const NAMESPACE: &str = "kube-system";
 const NAME: &str = "kube-proxy-rs";
@@ -125,8 +129,13 @@ struct Stack {
     daemon_set: DaemonSet,
 }
 
-fn stack() -> Stack {
-    let objects = load("kube-proxy-rs.yaml");
+/// The two DaemonSet manifests: file, the mode its config.conf sets, the capabilities its
+/// daemon container must add.
+const DAEMON_SETS: [(&str, &str, &[Requirement]); 2] =
+    [("kube-proxy-rs.yaml", "iptables", REQUIRED), ("kube-proxy-rs-nftables.yaml", "nftables", REQUIRED_NFTABLES)];
+
+fn stack(file: &str) -> Stack {
+    let objects = load(file);
     let kinds: Vec<&str> = objects.iter().map(Object::kind).collect();
     assert_eq!(kinds, ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"]);
     let (mut sa, mut role, mut binding, mut cm, mut ds) = (None, None, None, None, None);
@@ -167,7 +176,11 @@ fn every_manifest_in_deploy_parses() {
         .filter(|n| n.ends_with(".yaml") || n.ends_with(".yml"))
         .collect();
     files.sort();
-    assert_eq!(files, ["cleanup-job.yaml", "kube-proxy-rs.yaml"], "a new manifest needs checks here");
+    assert_eq!(
+        files,
+        ["cleanup-job.yaml", "kube-proxy-rs-nftables.yaml", "kube-proxy-rs.yaml"],
+        "a new manifest needs checks here"
+    );
     for file in &files {
         assert!(!load(file).is_empty(), "{file}");
     }
@@ -200,9 +213,9 @@ fn mount_of<'a>(spec: &'a PodSpec, c: &Container, path: &str) -> (&'a Volume, bo
 
 /// hostNetwork, the xtables lock (read-write, FileOrCreate), /lib/modules (read-only),
 /// tolerate everything, system-node-critical, no host path beyond those two, and a container
-/// with only the daemon's capabilities: what both the daemon and the cleanup pod need.
+/// with only `required`'s capabilities: what both the daemon and the cleanup pod need.
 #[track_caller]
-fn assert_node_level_pod(spec: &PodSpec) {
+fn assert_node_level_pod(spec: &PodSpec, required: &[Requirement]) {
     assert_eq!(spec.host_network, Some(true), "hostNetwork");
     assert_eq!((spec.host_pid, spec.host_ipc), (None, None), "no host PID or IPC namespace");
     assert_eq!(spec.priority_class_name.as_deref(), Some("system-node-critical"));
@@ -211,7 +224,7 @@ fn assert_node_level_pod(spec: &PodSpec) {
     assert!(spec.security_context.is_none(), "no pod-level securityContext to override the containers'");
     let c = only_container(spec);
     assert_eq!(c.image.as_deref(), Some(IMAGE));
-    assert_least_privilege(c);
+    assert_least_privilege(c, required);
     assert_host_mounts(spec, c);
     let host_paths: BTreeSet<&str> =
         spec.volumes.iter().flatten().filter_map(|v| v.host_path.as_ref()).map(|h| h.path.as_str()).collect();
@@ -236,9 +249,9 @@ fn assert_host_mounts(spec: &PodSpec, c: &Container) {
 
 /// Not privileged, no privilege escalation, a read-only root filesystem, root's uid (the
 /// iptables children get the capabilities only that way), and every capability dropped but
-/// exactly the ones the daemon checks for at start-up.
+/// exactly the ones the daemon checks for at start-up (`required`).
 #[track_caller]
-fn assert_least_privilege(c: &Container) {
+fn assert_least_privilege(c: &Container, required: &[Requirement]) {
     let sc = c.security_context.as_ref().unwrap_or_else(|| panic!("{}: securityContext", c.name));
     let SecurityContext {
         privileged,
@@ -258,8 +271,7 @@ fn assert_least_privilege(c: &Container) {
     let caps = capabilities.as_ref().unwrap_or_else(|| panic!("{}: capabilities", c.name));
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]), "{}: drops every capability", c.name);
     let added: Vec<&str> = caps.add.iter().flatten().map(String::as_str).collect();
-    let required: Vec<&str> =
-        kube_proxy_rs::node::capabilities::REQUIRED.iter().map(|r| r.capability.kubernetes_name()).collect();
+    let required: Vec<&str> = required.iter().map(|r| r.capability.kubernetes_name()).collect();
     assert_eq!(added, required, "{}: exactly the capabilities the daemon checks for, in its order", c.name);
 }
 
@@ -280,7 +292,13 @@ fn parse_command(c: &Container) -> kube_proxy_rs::cmd::cli::DaemonArgs {
 
 #[test]
 fn daemon_set_runs_unprivileged_on_every_node_with_host_network() {
-    let s = stack();
+    for (file, _, required) in DAEMON_SETS {
+        daemon_set_runs_unprivileged(file, required);
+    }
+}
+
+fn daemon_set_runs_unprivileged(file: &str, required: &[Requirement]) {
+    let s = stack(file);
     let ds = &s.daemon_set;
     assert_eq!(ds.metadata.namespace.as_deref(), Some(NAMESPACE));
     assert_eq!(ds.metadata.name.as_deref(), Some(NAME));
@@ -290,7 +308,7 @@ fn daemon_set_runs_unprivileged_on_every_node_with_host_network() {
         assert_eq!(template_labels.get(k), Some(v), "the selector matches the pod template");
     }
     let pod = spec.template.spec.as_ref().expect("pod spec");
-    assert_node_level_pod(pod);
+    assert_node_level_pod(pod, required);
     assert_eq!(pod.service_account_name.as_deref(), Some(NAME));
     // The daemon reads the API with the service account's token (only what the ClusterRole
     // grants, see rbac_is_exactly_least_privilege).
@@ -311,7 +329,13 @@ fn daemon_set_runs_unprivileged_on_every_node_with_host_network() {
 
 #[test]
 fn daemon_set_command_and_config_map_give_a_valid_configuration() {
-    let s = stack();
+    for (file, mode, _) in DAEMON_SETS {
+        daemon_set_configuration(file, mode);
+    }
+}
+
+fn daemon_set_configuration(file: &str, mode: &str) {
+    let s = stack(file);
     let pod = s.daemon_set.spec.as_ref().and_then(|d| d.template.spec.as_ref()).expect("pod spec");
     let args = parse_command(only_container(pod));
     assert_eq!(args.hostname_override.as_deref(), Some("node-a"));
@@ -334,10 +358,10 @@ fn daemon_set_command_and_config_map_give_a_valid_configuration() {
         .expect("config.conf parses")
         .into_strict()
         .expect("config.conf decodes strictly");
-    assert_eq!(raw.mode, "iptables");
+    assert_eq!(raw.mode, mode, "{file}");
     assert_eq!(raw.clone().with_defaults().validate(), Ok(()));
     let cfg = options::resolve(&args, Some((&config_path, raw))).expect("effective configuration is valid");
-    assert_eq!(cfg.mode, "iptables");
+    assert_eq!(cfg.mode, mode, "{file}");
     assert_eq!(cfg.hostname_override, "node-a");
     // The probe's port is the health server's.
     assert!(cfg.healthz_bind_address.ends_with(":10256"), "{}", cfg.healthz_bind_address);
@@ -358,7 +382,13 @@ fn daemon_set_command_and_config_map_give_a_valid_configuration() {
 
 #[test]
 fn rbac_is_exactly_least_privilege() {
-    let s = stack();
+    for (file, _, _) in DAEMON_SETS {
+        rbac_of(file);
+    }
+}
+
+fn rbac_of(file: &str) {
+    let s = stack(file);
     let mut granted = BTreeSet::new();
     for rule in s.role.rules.iter().flatten() {
         assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none(), "{rule:?}");
@@ -412,7 +442,8 @@ fn cleanup_job_runs_cleanup_pinned_to_a_node() {
     let spec = job.spec.as_ref().expect("job spec");
     assert!(spec.backoff_limit.is_some_and(|b| b > 0));
     let pod = spec.template.spec.as_ref().expect("pod spec");
-    assert_node_level_pod(pod);
+    // --cleanup removes both modes' rules, iptables-legacy's included: iptables mode's set.
+    assert_node_level_pod(pod, REQUIRED);
     assert_eq!(pod.node_name.as_deref(), Some("NODE_NAME"), "pinned by nodeName (a placeholder to replace)");
     assert!(matches!(pod.restart_policy.as_deref(), Some("OnFailure" | "Never")), "{:?}", pod.restart_policy);
     assert_eq!(pod.automount_service_account_token, Some(false), "--cleanup needs no API access");
@@ -428,7 +459,13 @@ fn cleanup_job_runs_cleanup_pinned_to_a_node() {
 /// the kernel parameters the daemon then finds in place.
 #[test]
 fn init_container_sets_the_kernel_parameters_privileged() {
-    let s = stack();
+    for (file, _, _) in DAEMON_SETS {
+        init_container_of(file);
+    }
+}
+
+fn init_container_of(file: &str) {
+    let s = stack(file);
     let pod = s.daemon_set.spec.as_ref().and_then(|d| d.template.spec.as_ref()).expect("pod spec");
     let inits = pod.init_containers.as_deref().unwrap_or_default();
     assert_eq!(inits.len(), 1, "one init container");
@@ -450,4 +487,52 @@ fn init_container_sets_the_kernel_parameters_privileged() {
     assert_eq!(init.env, daemon.env.as_ref().map(|e| e.iter().filter(|v| v.name == "NODE_NAME").cloned().collect()));
     assert_eq!(init.volume_mounts, daemon.volume_mounts, "the same configuration and host mounts");
     assert_host_mounts(pod, init);
+}
+
+/// The nftables-mode DaemonSet is the iptables one with `mode: nftables`, the `nftables:`
+/// section in place of `iptables:` (the same values, without iptables' localhostNodePorts)
+/// and nftables mode's capabilities: every other field is equal, so the two cannot drift.
+#[test]
+fn nftables_manifest_is_the_iptables_one_but_for_its_mode_and_capabilities() {
+    let documents = |file: &str| -> Vec<serde_yaml::Value> {
+        let text = std::fs::read_to_string(deploy_dir().join(file)).expect("manifest");
+        serde_yaml::Deserializer::from_str(&text).map(|d| serde_yaml::Value::deserialize(d).expect("yaml")).collect()
+    };
+    let names = |caps: &[Requirement]| -> Vec<String> {
+        caps.iter().map(|r| r.capability.kubernetes_name().to_string()).collect()
+    };
+    let (iptables, mut nftables) = (documents("kube-proxy-rs.yaml"), documents("kube-proxy-rs-nftables.yaml"));
+    assert_eq!(iptables.len(), nftables.len());
+    let section = "\nnftables:\n  masqueradeAll: false\n  masqueradeBit: 14\n  syncPeriod: 30s\n  minSyncPeriod: 1s\n";
+    let iptables_section = section
+        .replace("nftables:", "iptables:")
+        .replace("masqueradeBit: 14\n", "masqueradeBit: 14\n  localhostNodePorts: true\n");
+    let mut changed = 0;
+    for doc in &mut nftables {
+        match doc["kind"].as_str() {
+            Some("ConfigMap") => {
+                let text = doc["data"]["config.conf"].as_str().expect("config.conf").to_string();
+                assert!(text.contains("\nmode: nftables\n") && text.contains(section), "{text}");
+                let as_iptables =
+                    text.replace("\nmode: nftables\n", "\nmode: iptables\n").replace(section, &iptables_section);
+                doc["data"]["config.conf"] = serde_yaml::Value::String(as_iptables);
+                changed += 1;
+            }
+            Some("DaemonSet") => {
+                let caps = &mut doc["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"];
+                let added: Vec<String> = caps["add"]
+                    .as_sequence()
+                    .expect("add")
+                    .iter()
+                    .filter_map(|c| c.as_str().map(String::from))
+                    .collect();
+                assert_eq!(added, names(REQUIRED_NFTABLES));
+                caps["add"] = serde_yaml::to_value(names(REQUIRED)).expect("yaml");
+                changed += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(changed, 2, "one ConfigMap and one DaemonSet");
+    assert!(nftables == iptables, "the manifests differ beyond mode and capabilities");
 }
