@@ -9,7 +9,8 @@
 //!
 //! * `nftables_scale_regression_guard` (in the suite): 500 services × 10 endpoints. Every
 //!   service and endpoint is programmed, single endpoint changes reach the kernel (one
-//!   latency observation each), the steady state writes (`nft -f`) and never lists, and
+//!   latency observation each: the daemon logs the sync that wrote it, then a probe of
+//!   the service chain confirms it), the steady state writes (`nft -f`) and never lists, and
 //!   the whole table replayed as upstream's full sync writes it (one transaction into a
 //!   fresh namespace, the benchmark's reference below) lists back as the node's table.
 //! * `scale_benchmark_both_modes` (ignored; run by hand, reported in docs/performance.md,
@@ -109,6 +110,9 @@ fn writes(calls: &str) -> usize {
 struct NftSync {
     full: bool,
     elapsed_ms: u64,
+    /// Service ports the sync computed (its `reloading service nftables data` line): 0 for
+    /// a periodic sync with nothing to do.
+    computed: u64,
 }
 
 fn field(line: &str, name: &str) -> Option<u64> {
@@ -118,10 +122,24 @@ fn field(line: &str, name: &str) -> Option<u64> {
 
 /// The IPv4 family's completed syncs (the IPv6 proxier logs its own, of an empty cluster).
 fn v4_syncs(log: &str) -> Vec<NftSync> {
-    log.lines()
-        .filter(|l| l.contains("sync complete") && l.contains("family=IPv4"))
-        .filter_map(|l| Some(NftSync { full: l.contains("full=true"), elapsed_ms: field(l, "elapsed_ms")? }))
-        .collect()
+    let mut computed = 0;
+    let mut syncs = Vec::new();
+    for l in log.lines().filter(|l| l.contains("family=IPv4")) {
+        if l.contains("reloading service nftables data") {
+            computed = field(l, "services_computed").unwrap_or(0);
+        } else if l.contains("sync complete")
+            && let Some(elapsed_ms) = field(l, "elapsed_ms")
+        {
+            syncs.push(NftSync { full: l.contains("full=true"), elapsed_ms, computed });
+            computed = 0;
+        }
+    }
+    syncs
+}
+
+/// How many IPv4 syncs after the first `from` wrote a change (a service port computed).
+fn changes_synced(log: &str, from: usize) -> usize {
+    v4_syncs(log).iter().skip(from).filter(|s| s.computed > 0).count()
 }
 
 /// The operations of the IPv4 family's full syncs (`reloading service nftables data`).
@@ -224,17 +242,26 @@ async fn run_nft_daemon(
         let before = v4_syncs(&daemon.log_text()).len();
         let written = Instant::now();
         server.update(&slice);
-        while !endpoint_programmed(node_ns, i, &ip) {
+        // Programmed once the daemon logs the sync that wrote it complete (`nft -f` has
+        // returned: the kernel committed it), then confirmed by one probe. The log is read
+        // every 10 ms; probing instead would time nft's listing (0.7 s a probe at 1k).
+        loop {
             assert!(written.elapsed() < Duration::from_secs(120), "change {k} never programmed\n{}", daemon.log_text());
+            let seen = changes_synced(&daemon.log_text(), before) > 0;
+            let at = written.elapsed();
+            if seen {
+                assert!(endpoint_programmed(node_ns, i, &ip), "change {k} synced but not in the kernel");
+                latencies.push(at);
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        latencies.push(written.elapsed());
         changed.push((i, ip));
         // Put it back (also a change), wait until that is synced too, and let minSyncPeriod
         // pass, so every change arrives alone at an idle proxier.
         server.update(&synthetic::slice(i, per, 0));
         let put_back = Instant::now();
-        while v4_syncs(&daemon.log_text()).len() < before + 2 {
+        while changes_synced(&daemon.log_text(), before) < 2 {
             assert!(put_back.elapsed() < Duration::from_secs(120), "put-back {k} never synced\n{}", daemon.log_text());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
