@@ -32,8 +32,8 @@ use crate::require_root;
 use crate::support::e2e::{BIN, DaemonProcess, TempDir, create_nfacct_objects, daemon_args, topology};
 use crate::support::netns::Netns;
 
-const NODE: &str = "node-e2e";
-const ENDPOINTS: usize = 10;
+pub(crate) const NODE: &str = "node-e2e";
+pub(crate) const ENDPOINTS: usize = 10;
 
 /// The backend `KPR_BACKEND` names (default nft).
 fn backend_from_env() -> Backend {
@@ -68,9 +68,10 @@ fn logging_save_wrappers(bin: &Path, log: &Path) {
     }
 }
 
-/// Service `i`'s slice with its first endpoint replaced by `198.19.x.y` (change `k`).
-fn one_endpoint_changed(i: usize, k: usize) -> (EndpointSlice, String) {
-    let mut s = synthetic::slice(i, ENDPOINTS, 0);
+/// Service `i`'s slice (`per` endpoints) with its first endpoint replaced by `198.19.x.y`
+/// (change `k`).
+pub(crate) fn one_endpoint_changed(i: usize, per: usize, k: usize) -> (EndpointSlice, String) {
+    let mut s = synthetic::slice(i, per, 0);
     let ip = format!("198.19.{}.{}", (k / 250) % 250, k % 250 + 1);
     s.endpoints[0].addresses = vec![ip.clone()];
     (s, ip)
@@ -80,7 +81,7 @@ fn endpoint_chain(i: usize, ip: &str) -> String {
     endpoint_chain_name(&format!("ns-{}/svc-{i}:http", i % 100), "tcp", &format!("{ip}:8080"))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -88,21 +89,21 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-struct ScaleRun {
-    programmed: Duration,
-    latencies: Vec<Duration>,
-    probe: Duration,
-    peak_rss_kb: u64,
+pub(crate) struct ScaleRun {
+    pub(crate) programmed: Duration,
+    pub(crate) latencies: Vec<Duration>,
+    pub(crate) probe: Duration,
+    pub(crate) peak_rss_kb: u64,
     /// Resident at the end, after every change was synced (VmRSS).
-    rss_kb: u64,
-    log: String,
-    save_calls: String,
+    pub(crate) rss_kb: u64,
+    pub(crate) log: String,
+    pub(crate) save_calls: String,
     /// The start of `save_calls` (the log only grows): the calls made before the first
     /// endpoint change (start-up and the first sync).
-    save_calls_at_start: String,
+    pub(crate) save_calls_at_start: String,
     /// The endpoint chains the changes created (stale once put back; large-cluster mode
     /// deletes them at most once per sync period).
-    changed_chains: Vec<String>,
+    pub(crate) changed_chains: Vec<String>,
 }
 
 /// How many syncs the daemon has logged as complete.
@@ -154,7 +155,7 @@ async fn wait_programmed(
 /// Starts the daemon on a cluster of `services`, waits until the last service is
 /// programmed, then makes `changes` single endpoint changes one at a time, each waited for
 /// in the kernel.
-async fn run_daemon(
+pub(crate) async fn run_daemon(
     node_ns: &Netns,
     server: &crate::support::apiserver::ApiServer,
     dir: &TempDir,
@@ -191,7 +192,8 @@ async fn run_daemon(
     // Programmed once the full sync that wrote the cluster has completed (its restore puts
     // KUBE-SERVICES last, so no chain probe tells earlier that every service is reachable).
     let last = services - 1;
-    let last_chain = endpoint_chain(last, &synthetic::slice(last, ENDPOINTS, 0).endpoints[0].addresses[0]);
+    let per = shape.endpoints_per_service;
+    let last_chain = endpoint_chain(last, &synthetic::slice(last, per, 0).endpoints[0].addresses[0]);
     // 10k services take 20 s on nft (735 s before the split restore): a guard run that hangs
     // must not hold CI for long.
     let limit = Duration::from_secs(60 + services as u64 / 5);
@@ -214,7 +216,7 @@ async fn run_daemon(
     let mut changed_chains = Vec::new();
     for k in 0..changes {
         let i = (k * 7919) % services;
-        let (slice, ip) = one_endpoint_changed(i, k);
+        let (slice, ip) = one_endpoint_changed(i, per, k);
         let chain = endpoint_chain(i, &ip);
         let before = sync_count(&daemon.log_text());
         let changed = Instant::now();
@@ -223,7 +225,7 @@ async fn run_daemon(
         changed_chains.push(chain);
         // Put it back (also a change), wait until that is synced too, and let minSyncPeriod
         // pass, so every change arrives alone at an idle proxier, as the stream does.
-        server.update(&synthetic::slice(i, ENDPOINTS, 0));
+        server.update(&synthetic::slice(i, per, 0));
         let put_back = Instant::now();
         while sync_count(&daemon.log_text()) < before + 2 {
             assert!(put_back.elapsed() < Duration::from_secs(120), "put-back {k} never synced\n{}", daemon.log_text());
@@ -276,17 +278,17 @@ fn full_payload(dir: &TempDir, shape: ClusterShape) -> String {
 
 /// One sync as the daemon logged it (`sync complete` at -v 2); times in milliseconds.
 #[derive(Debug, Clone, Copy)]
-struct SyncPhases {
-    full: bool,
-    elapsed: u64,
-    read: u64,
-    render: u64,
-    restore: u64,
-    bytes: u64,
+pub(crate) struct SyncPhases {
+    pub(crate) full: bool,
+    pub(crate) elapsed: u64,
+    pub(crate) read: u64,
+    pub(crate) render: u64,
+    pub(crate) restore: u64,
+    pub(crate) bytes: u64,
 }
 
 /// The syncs the daemon logged.
-fn sync_phases(log: &str) -> Vec<SyncPhases> {
+pub(crate) fn sync_phases(log: &str) -> Vec<SyncPhases> {
     let field = |line: &str, name: &str| -> Option<u64> {
         let at = line.find(&format!("{name}="))? + name.len() + 1;
         line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
@@ -306,7 +308,7 @@ fn sync_phases(log: &str) -> Vec<SyncPhases> {
         .collect()
 }
 
-fn nat_reads(save_calls: &str) -> Vec<&str> {
+pub(crate) fn nat_reads(save_calls: &str) -> Vec<&str> {
     save_calls.lines().filter(|l| !l.contains("mangle")).collect()
 }
 

@@ -15,6 +15,7 @@ mod e2e_nftables;
 mod e2e_nftables_faults;
 mod e2e_privileges;
 mod e2e_scale;
+mod e2e_scale_nftables;
 mod e2e_soak;
 mod e2e_trace;
 mod e2e_traffic;
