@@ -246,7 +246,12 @@ fn cluster_snapshot(
     objects: Vec<(Value, Value)>,
     family: IpFamily,
 ) -> (Snapshot, Vec<(String, String)>) {
-    let mut snapshot = Snapshot { services: good.0.clone(), endpoint_slices: good.1.clone(), nodes: vec![node()], ..Snapshot::default() };
+    let mut snapshot = Snapshot {
+        services: good.0.clone(),
+        endpoint_slices: good.1.clone(),
+        nodes: vec![node()],
+        ..Snapshot::default()
+    };
     let mut names = Vec::new();
     for (svc, slice) in objects {
         // What does not even decode into the API types (a timeout beyond i32...) is skipped
@@ -645,7 +650,12 @@ fn hostile_services_never_cost_the_others_their_rules_in_nftables_mode() {
     let kernel = NftKernel::new();
     let good = good_objects();
     let releases: Vec<Release> = Release::nftables_all().collect();
-    let baseline_snapshot = Snapshot { services: good.0.clone(), endpoint_slices: good.1.clone(), nodes: vec![node()], ..Snapshot::default() };
+    let baseline_snapshot = Snapshot {
+        services: good.0.clone(),
+        endpoint_slices: good.1.clone(),
+        nodes: vec![node()],
+        ..Snapshot::default()
+    };
     let baselines: Vec<Vec<String>> = releases
         .iter()
         .map(|&release| {
