@@ -602,29 +602,38 @@ impl NftablesProxier {
     }
 }
 
+/// A proxier on a fake kernel for this module's unit tests: IPv4, node 192.168.0.2 (also the
+/// only node-port address), pods in 10.0.0.0/8, `hostname` synthetic::NODE_NAME.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compat::{Features, Release};
-    use crate::model::Cidr;
-    use crate::nftables::fake::FakeNftables;
+pub(crate) fn test_proxier(release: crate::compat::Release, nft: Arc<dyn Nftables>) -> NftablesProxier {
+    use crate::compat::Features;
     use crate::proxier::StaticInterfaces;
     use crate::proxier::local_detect::LocalDetector;
     use crate::proxier::nodeport_addresses::NodePortAddresses;
+
+    let render = NftRenderConfig {
+        family: IpFamily::V4,
+        masquerade_all: false,
+        masquerade_mark: "0x00004000".into(),
+        local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
+        node_ip: Some("192.168.0.2".parse().expect("ip")),
+        node_port_addresses: NodePortAddresses::new(IpFamily::V4, &["192.168.0.2/32".into()]),
+        features: Features::of(release),
+    };
+    let cfg =
+        NftProxierConfig { render, hostname: crate::synthetic::NODE_NAME.into(), sync_period: Duration::from_secs(30) };
+    NftablesProxier::new(cfg, nft, Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compat::Release;
+    use crate::nftables::fake::FakeNftables;
     use crate::tracker::testing::{slice, svc};
 
     fn proxier(nft: Arc<FakeNftables>) -> NftablesProxier {
-        let render = NftRenderConfig {
-            family: IpFamily::V4,
-            masquerade_all: false,
-            masquerade_mark: "0x4000".into(),
-            local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").unwrap()),
-            node_ip: Some("192.168.0.2".parse().unwrap()),
-            node_port_addresses: NodePortAddresses::new(IpFamily::V4, &[]),
-            features: Features::of(Release::V1_37),
-        };
-        let cfg = NftProxierConfig { render, hostname: "node1".into(), sync_period: Duration::from_secs(30) };
-        NftablesProxier::new(cfg, nft, Arc::new(StaticInterfaces(Vec::new())))
+        test_proxier(Release::V1_37, nft)
     }
 
     fn synced(p: &mut NftablesProxier, now: Instant) -> NftSyncReport {

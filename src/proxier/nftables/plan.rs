@@ -986,17 +986,14 @@ pub(crate) fn due_stale_chains(stale: &StaleChains, now: Instant) -> Vec<String>
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     use super::holds_anonymous_set;
-    use crate::compat::{Features, Release};
-    use crate::model::{Cidr, IpFamily, NamespacedName};
+    use crate::compat::Release;
+    use crate::model::NamespacedName;
     use crate::nftables::fake::FakeNftables;
     use crate::nftables::{Family, Operation, TableState, Transaction};
-    use crate::proxier::StaticInterfaces;
-    use crate::proxier::local_detect::LocalDetector;
-    use crate::proxier::nftables::{NftProxierConfig, NftRenderConfig, NftSyncOutcome, NftablesProxier};
-    use crate::proxier::nodeport_addresses::NodePortAddresses;
+    use crate::proxier::nftables::{NftSyncOutcome, NftablesProxier, test_proxier};
     use crate::synthetic;
 
     #[test]
@@ -1016,25 +1013,7 @@ mod tests {
     /// with session affinity) × `per` endpoints, sending full syncs in pieces of `chunk`.
     fn proxier(release: Release, services: usize, per: usize, chunk: usize) -> (NftablesProxier, Arc<FakeNftables>) {
         let nft = Arc::new(FakeNftables::new(Family::Ip));
-        let cfg = NftProxierConfig {
-            render: NftRenderConfig {
-                family: IpFamily::V4,
-                masquerade_all: false,
-                masquerade_mark: "0x00004000".into(),
-                local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
-                node_ip: Some("192.168.0.2".parse().expect("ip")),
-                node_port_addresses: NodePortAddresses::new(IpFamily::V4, &["192.168.0.2/32".into()]),
-                features: Features::of(release),
-            },
-            hostname: synthetic::NODE_NAME.into(),
-            sync_period: Duration::from_secs(30),
-        };
-        let proxier = NftablesProxier::new(
-            cfg,
-            nft.clone(),
-            Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])),
-        )
-        .with_chunk_operations(chunk);
+        let proxier = test_proxier(release, nft.clone()).with_chunk_operations(chunk);
         proxier.on_service_cidrs(&["172.16.0.0/12".into()]);
         for i in 0..services {
             let s = synthetic::shaped_service(i, 3);
