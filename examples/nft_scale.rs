@@ -5,13 +5,15 @@
 //! the kernel runner makes it) and measured inside the timed sync; with `--fake` the fake's
 //! applying (a copy of the whole table per transaction, for atomicity) is inside it too.
 //!
-//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream]
+//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream] [--nft-only]
 //!
-//! `--kernel` (root): the real runner ([`NftRunner`], `ip netns exec NS nft -f -`) in a network
+//! `--kernel` (root): the daemon's writer ([`NetlinkNftables`]: netlink batches for what it
+//! encodes, the [`NftRunner`] for the rest; `--nft-only`: the runner alone) in a network
 //! namespace this program creates for each run and deletes (also on a panic; a kill leaves
 //! `kprs-nft-scale-PID-RUN` to `ip netns del`). Each kernel run also measures the floor on the
-//! table the first sync wrote: one `nft -f` transaction adding one chain and one `goto` rule
-//! (median of `--partials`), so the syncs can be read against what any transaction costs.
+//! table the first sync wrote: one transaction adding one chain and one `goto` rule, by
+//! `nft -f` and over netlink (median of `--partials` each), so the syncs can be read against
+//! what any transaction costs.
 //! `--chunk OPS` sets the proxier's chunk size for full syncs (`with_chunk_operations`).
 //! `--affinity-every K`: session affinity on every K-th Service (default 7; 0: none).
 //! `--upstream` (with `--kernel`): each run also writes the same cluster's first sync as
@@ -39,6 +41,7 @@ use kube_proxy_rs::compat::{Features, Release};
 use kube_proxy_rs::exec::{Command, Exec, RealExec};
 use kube_proxy_rs::model::{Cidr, IpFamily, NamespacedName};
 use kube_proxy_rs::nftables::fake::FakeNftables;
+use kube_proxy_rs::nftables::netlink::{KernelNetlink, NetlinkNftables};
 use kube_proxy_rs::nftables::{
     Chain, Family, NftError, NftOptions, NftRunner, Nftables, Operation, Rule, TableState, Transaction,
 };
@@ -225,8 +228,10 @@ struct Run {
     first: Phase,
     partial: Phase,
     forced: Phase,
-    /// Kernel mode: one transaction adding a chain and a `goto` rule (median).
+    /// Kernel mode: one transaction adding a chain and a `goto` rule (median), by `nft -f`.
     floor: Option<Duration>,
+    /// The same over netlink (kernel mode without `--nft-only`).
+    netlink_floor: Option<Duration>,
     /// Kernel mode with `--upstream`: upstream's first sync, one `nft -f` (no table before).
     upstream: Option<Duration>,
     /// Kernel mode with `--upstream`: [`set_floor`] for the same numbers of sets.
@@ -235,7 +240,7 @@ struct Run {
 
 /// The median time of `repeats` transactions each adding a chain with one `goto` rule to the
 /// table the proxier wrote (then deleting it, untimed). `masquerading` is a fixed chain in every release.
-fn floor(kernel: &dyn Nftables, repeats: usize) -> Duration {
+fn chain_floor(kernel: &dyn Nftables, repeats: usize) -> Duration {
     let mut times: Vec<Duration> = (0..repeats)
         .map(|r| {
             let name = format!("floor-{r}");
@@ -265,6 +270,7 @@ struct Options {
     chunk: Option<usize>,
     affinity_every: usize,
     upstream: bool,
+    nft_only: bool,
 }
 
 /// A proxier on `kernel` fed the synthetic cluster of `o` (objects made one at a time and
@@ -449,17 +455,27 @@ fn one_run(o: &Options, run: usize) -> Run {
     let (services, per, partials) = (o.services, o.per, o.partials);
     let fake = Arc::new(FakeNftables::new(Family::Ip));
     let netns = (o.mode == Mode::Kernel).then(|| Netns::create(run));
-    let inner: Option<Arc<dyn Nftables>> = match (&netns, o.mode) {
-        (Some(ns), _) => {
-            let options = NftOptions {
-                netns: Some(ns.0.clone()),
-                command_timeout: Duration::from_secs(900),
-                ..NftOptions::default()
-            };
-            Some(Arc::new(NftRunner::new(Arc::new(RealExec), Family::Ip, options).unwrap_or_else(|e| panic!("{e}"))))
+    // Kernel mode: the nft runner alone, and the daemon's writer (netlink for what it
+    // encodes, nft for the rest) unless `--nft-only`.
+    let cli: Option<Arc<NftRunner>> = netns.as_ref().map(|ns| {
+        let options = NftOptions {
+            netns: Some(ns.0.clone()),
+            command_timeout: Duration::from_secs(900),
+            ..NftOptions::default()
+        };
+        Arc::new(NftRunner::new(Arc::new(RealExec), Family::Ip, options).unwrap_or_else(|e| panic!("{e}")))
+    });
+    let writer: Option<Arc<NetlinkNftables>> = match (&netns, &cli) {
+        (Some(ns), Some(cli)) if !o.nft_only => {
+            Some(Arc::new(NetlinkNftables::new(cli.clone(), Arc::new(KernelNetlink::in_netns(ns.0.clone())))))
         }
-        (None, Mode::Fake) => Some(fake.clone()),
-        (None, _) => None,
+        _ => None,
+    };
+    let inner: Option<Arc<dyn Nftables>> = match (&writer, &cli, o.mode) {
+        (Some(w), _, _) => Some(w.clone()),
+        (None, Some(cli), _) => Some(cli.clone()),
+        (None, None, Mode::Fake) => Some(fake.clone()),
+        (None, None, _) => None,
     };
     let kernel = Arc::new(Counting {
         inner: inner.clone(),
@@ -480,9 +496,13 @@ fn one_run(o: &Options, run: usize) -> Run {
     let first = sync(&mut proxier, &kernel, now, "first sync");
     row("first sync", &first);
     println!("load after the first sync: {}", load());
-    let floor = inner.as_deref().filter(|_| o.mode == Mode::Kernel).map(|k| floor(k, partials));
+    let floor = cli.as_deref().map(|k| chain_floor(k, partials));
     if let Some(f) = floor {
-        println!("| floor: one chain + one `goto` rule, one transaction (median) | {} | 2 in 1 | | | | |", ms(f));
+        println!("| floor: one chain + one `goto` rule, one `nft -f` (median) | {} | 2 in 1 | | | | |", ms(f));
+    }
+    let netlink_floor = writer.as_deref().map(|k| chain_floor(k, partials));
+    if let Some(f) = netlink_floor {
+        println!("| floor: one chain + one `goto` rule, one netlink batch (median) | {} | 2 in 1 | | | | |", ms(f));
     }
 
     let mut partial = Vec::new();
@@ -510,6 +530,13 @@ fn one_run(o: &Options, run: usize) -> Run {
     }
     let partial = median_by(&partial, |p| p.elapsed);
     row("one endpoint changed (median)", &partial);
+    if let Some(w) = &writer {
+        println!(
+            "transactions so far: {} over netlink, {} through nft",
+            w.stats.netlink.load(Ordering::Relaxed),
+            w.stats.cli.load(Ordering::Relaxed)
+        );
+    }
 
     now += Duration::from_secs(2);
     proxier.force_full_sync();
@@ -522,6 +549,8 @@ fn one_run(o: &Options, run: usize) -> Run {
     println!();
     drop(proxier);
     drop(inner);
+    drop(writer);
+    drop(cli);
     drop(kernel);
     drop(netns);
     let upstream = (o.upstream && o.mode == Mode::Kernel).then(|| {
@@ -549,7 +578,15 @@ fn one_run(o: &Options, run: usize) -> Run {
         println!();
         (t, f)
     });
-    Run { first, partial, forced, floor, upstream: upstream.map(|u| u.0), set_floor: upstream.map(|u| u.1) }
+    Run {
+        first,
+        partial,
+        forced,
+        floor,
+        netlink_floor,
+        upstream: upstream.map(|u| u.0),
+        set_floor: upstream.map(|u| u.1),
+    }
 }
 
 fn main() {
@@ -575,16 +612,18 @@ fn main() {
     let affinity_every: usize =
         arg("--affinity-every").and_then(|p| p.parse().ok()).unwrap_or(ClusterShape::DEFAULT_AFFINITY_EVERY);
     let upstream = std::env::args().any(|a| a == "--upstream");
+    let nft_only = std::env::args().any(|a| a == "--nft-only");
     println!(
         "{services} services × {per} endpoints (affinity on every {affinity_every}th), release {release}, kernel: {}, {runs} runs of {partials} partial syncs, chunk {}",
         match mode {
-            Mode::Kernel => "nft in a network namespace",
+            Mode::Kernel if nft_only => "nft in a network namespace",
+            Mode::Kernel => "netlink writer (nft for the rest) in a network namespace",
             Mode::Fake => "FakeNftables (applies)",
             Mode::Counting => "counting only",
         },
         chunk.map_or("default".to_string(), |c| c.to_string()),
     );
-    let options = Options { services, per, release, mode, partials, chunk, affinity_every, upstream };
+    let options = Options { services, per, release, mode, partials, chunk, affinity_every, upstream, nft_only };
     let mut all = Vec::new();
     for run in 0..runs {
         println!("## run {}", run + 1);
@@ -603,7 +642,15 @@ fn main() {
     if !floors.is_empty() {
         let mut floors = floors;
         floors.sort();
-        println!("| floor: chain + `goto` rule | {} | 2 in 1 | |", ms(floors[floors.len() / 2]));
+        println!("| floor: chain + `goto` rule, `nft -f` | {} | 2 in 1 | |", ms(floors[floors.len() / 2]));
+    }
+    let mut netlink_floors: Vec<Duration> = all.iter().filter_map(|r| r.netlink_floor).collect();
+    if !netlink_floors.is_empty() {
+        netlink_floors.sort();
+        println!(
+            "| floor: chain + `goto` rule, netlink | {} | 2 in 1 | |",
+            ms(netlink_floors[netlink_floors.len() / 2])
+        );
     }
     let mut upstream: Vec<Duration> = all.iter().filter_map(|r| r.upstream).collect();
     if !upstream.is_empty() {

@@ -130,7 +130,9 @@ async fn nftables_refused_transaction_is_retried_in_full() {
     let bin = c.dir.path().join("bin");
     nft_wrapper(&bin);
     let path = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display());
-    started("refused transaction", &mut c, &[("PATH", &path)]);
+    // The refusal is injected into nft: every transaction goes through it (the netlink
+    // writer's refusals are tested in nftables_real; the daemon's retry is the same).
+    started("refused transaction", &mut c, &[("PATH", &path), ("KUBE_PROXY_RS_NFT_WRITER", "nft")]);
     let (a1, a2, b1) = (c.pod(POD_A1), c.pod(POD_A2), c.pod(POD_B1));
     let cpod = &c.pod(CPOD).ns;
     let http = sa("198.19.0.10", 80);

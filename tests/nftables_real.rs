@@ -7,8 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::Ordering;
+
 use kube_proxy_rs::exec::RealExec;
 use kube_proxy_rs::nftables::fake::FakeNftables;
+use kube_proxy_rs::nftables::netlink::{KernelNetlink, NetlinkNftables, encode};
 use kube_proxy_rs::nftables::{
     BaseChain, Chain, ChainType, Element, Family, Hook, NftError, NftOptions, NftRunner, Nftables, Operation, Rule,
     Set, SetKind, TableState, Transaction, cleanup_tables,
@@ -602,17 +605,22 @@ fn op_kind(op: &Operation) -> String {
 
 /// `FakeNftables` and the kernel (through the runner), fed the same random transactions,
 /// accept and refuse the same ones (in `--check` and for real) and hold the same table after
-/// each, as `nft list` shows it.
+/// each, as `nft list` shows it. The daemon's writer (netlink for what it encodes) is a third
+/// party in a namespace of its own: it accepts and refuses as nft does and leaves the same
+/// table.
 #[test]
 fn the_fake_and_the_kernel_agree_on_random_transactions() {
     require_root!();
     let mut disagreements = Vec::new();
     let (mut accepted, mut refused) = (0, 0);
     let mut kinds_accepted = std::collections::BTreeSet::new();
+    let (mut netlink_accepted, mut netlink_refused) = (0, 0);
     for (seed, family) in [(1u64, Family::Ip), (2, Family::Ip6), (3, Family::Ip), (4, Family::Ip)] {
         let ns = Netns::create("nft-model");
         let nft = runner(&ns, family);
         let fake = FakeNftables::new(family);
+        let writer_ns = Netns::create("nft-model-nl");
+        let writer = netlink_writer(&writer_ns, family);
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed);
         // Start from a table with every object, so that most operations have something to
         // act on.
@@ -640,6 +648,7 @@ fn the_fake_and_the_kernel_agree_on_random_transactions() {
         setup.push(set(SetKind::Map, "m1", "inet_proto . inet_service : verdict", Some("a map")));
         fake.run(&setup).expect("fake setup");
         nft.run(&setup).expect("kernel setup");
+        writer.run(&setup).expect("writer setup");
         for round in 0..60 {
             let mut tx = Transaction::new();
             for _ in 0..1 + rng.below(4) {
@@ -655,6 +664,19 @@ fn the_fake_and_the_kernel_agree_on_random_transactions() {
             }
             let by_fake = fake.run(&tx);
             let by_kernel = nft.run(&tx);
+            let over_netlink = encode::transaction(family, &tx.ops).is_ok();
+            let by_writer = writer.run(&tx);
+            match (&by_kernel, &by_writer, over_netlink) {
+                (Ok(()), Ok(()), true) => netlink_accepted += 1,
+                (Err(_), Err(_), true) => netlink_refused += 1,
+                (Ok(()), Ok(()), false) | (Err(_), Err(_), false) => {}
+                _ => disagreements.push(format!(
+                    "seed {seed} round {round} ({family}), writer over netlink: {over_netlink}:\n{}nft: {:?}\nwriter: {:?}\n",
+                    tx.text(family, true),
+                    by_kernel.as_ref().err().map(|e| e.to_string()),
+                    by_writer.as_ref().err().map(|e| e.to_string()),
+                )),
+            }
             match (&by_fake, &by_kernel) {
                 (Ok(()), Ok(())) => {
                     accepted += 1;
@@ -669,6 +691,13 @@ fn the_fake_and_the_kernel_agree_on_random_transactions() {
                 )),
             }
             let listed = nft.list_table().expect("list the kernel's table");
+            let written = writer.list_table().expect("list the writer's table");
+            if written != listed {
+                disagreements.push(format!(
+                    "seed {seed} round {round} ({family}): the writer's table differs after\n{}nft: {listed:#?}\nwriter: {written:#?}\n",
+                    tx.text(family, true)
+                ));
+            }
             let expected = fake.list_table().expect("list the fake's table");
             if listed != expected {
                 disagreements.push(format!(
@@ -700,6 +729,10 @@ fn the_fake_and_the_kernel_agree_on_random_transactions() {
     ];
     let missing: Vec<_> = every_kind.iter().filter(|k| !kinds_accepted.contains(**k)).collect();
     assert!(missing.is_empty(), "never applied: {missing:?}");
+    assert!(
+        netlink_accepted >= 20 && netlink_refused >= 10,
+        "over netlink: accepted {netlink_accepted}, refused {netlink_refused}"
+    );
 }
 
 /// The kernel's answers the model encodes, one case at a time (each against the same
@@ -835,4 +868,144 @@ fn the_model_refuses_what_the_kernel_refuses() {
         }
     }
     assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+}
+
+/// `nft list table F kube-proxy`, as text and as the kernel's bytecode (`--debug=netlink`),
+/// in `ns`.
+fn listings(ns: &Netns, family: Family) -> (String, String) {
+    let f = family.as_str();
+    let text = ns.ok(&["nft", "list", "table", f, "kube-proxy"]);
+    let bytecode = ns.ok(&["nft", "--debug=netlink", "list", "table", f, "kube-proxy"]);
+    (text, sorted_element_runs(&bytecode))
+}
+
+/// The bytecode listing with each set's element lines sorted: the kernel walks a hash set in
+/// an order of its own, which differs between two tables holding the same elements.
+fn sorted_element_runs(listing: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let mut run: Vec<&str> = Vec::new();
+    for line in listing.lines() {
+        if line.starts_with("\telement ") {
+            run.push(line);
+            continue;
+        }
+        run.sort_unstable();
+        out.append(&mut run);
+        out.push(line);
+    }
+    run.sort_unstable();
+    out.append(&mut run);
+    out.join("\n")
+}
+
+/// The lines only one of two listings has (for a failure message).
+fn line_diff(ours: &str, nft: &str) -> String {
+    let only = |a: &str, b: &str| a.lines().filter(|l| !b.lines().any(|m| m == *l)).collect::<Vec<_>>().join("\n");
+    format!("\nonly in ours:\n{}\nonly in nft's:\n{}", only(ours, nft), only(nft, ours))
+}
+
+fn netlink_writer(ns: &Netns, family: Family) -> Arc<NetlinkNftables> {
+    Arc::new(NetlinkNftables::new(Arc::new(runner(ns, family)), Arc::new(KernelNetlink::in_netns(ns.name.clone()))))
+}
+
+/// The netlink writer gives the kernel what nft gives it. Every rule shape upstream writes,
+/// one operation per transaction, goes through nft in one namespace and through the writer in
+/// another (over netlink for the forms it encodes, through nft for the rest); after each
+/// operation both tables list the same, as text and as the kernel's bytecode.
+#[test]
+fn the_netlink_writer_writes_what_nft_writes() {
+    require_root!();
+    for family in [Family::Ip, Family::Ip6] {
+        let reference_ns = Netns::create("nl-nft");
+        let ours_ns = Netns::create("nl-ours");
+        let reference = runner(&reference_ns, family);
+        let writer = netlink_writer(&ours_ns, family);
+        let mut encodable = 0;
+        for op in every_rule_shape(family).ops {
+            let tx = Transaction { ops: vec![op] };
+            if encode::transaction(family, &tx.ops).is_ok() {
+                encodable += 1;
+            }
+            reference.run(&tx).unwrap_or_else(|e| panic!("{family}: nft: {e}"));
+            writer.run(&tx).unwrap_or_else(|e| panic!("{family}: the writer: {e}"));
+            let (want_text, want_code) = listings(&reference_ns, family);
+            let (text, code) = listings(&ours_ns, family);
+            let line = tx.text(family, true);
+            assert!(text == want_text, "{family}: after {line}{}", line_diff(&text, &want_text));
+            assert!(code == want_code, "{family}: bytecode after {line}{}", line_diff(&code, &want_code));
+        }
+        let over_netlink = writer.stats.netlink.load(Ordering::Relaxed);
+        assert_eq!(over_netlink, encodable, "{family}: every encodable operation went over netlink");
+        // Chains, per-service rules, sets and elements: most of the shapes.
+        assert!(over_netlink >= 45, "{family}: {over_netlink} operations over netlink");
+    }
+}
+
+/// A partial sync's transaction (a new endpoint chain, the service chain rewritten, an old
+/// endpoint chain flushed, elements changed) is one batch over netlink, and a batch the
+/// kernel refuses changes nothing and names the operation.
+#[test]
+fn a_netlink_batch_is_atomic_and_names_what_the_kernel_refused() {
+    require_root!();
+    let ns = Netns::create("nl-atomic");
+    let family = Family::Ip;
+    let writer = netlink_writer(&ns, family);
+    let svc = "service-ULMVA6XW-ns1/svc1/tcp/p80";
+    let start = Transaction {
+        ops: vec![
+            Operation::AddTable,
+            chain("mark-for-masquerade"),
+            chain("endpoint-A"),
+            chain(svc),
+            set(SetKind::Map, "service-ips", "ipv4_addr . inet_proto . inet_service : verdict", Some("ips")),
+            rule("endpoint-A", "meta l4proto tcp dnat to 198.19.0.1:80"),
+            rule(svc, "numgen random mod 1 vmap { 0 : goto endpoint-A }"),
+            element(SetKind::Map, "service-ips", &["198.18.0.41", "tcp", "80"], Some(&format!("goto {svc}")), None),
+        ],
+    };
+    writer.run(&start).expect("the starting table (through nft: it adds the table)");
+    assert_eq!(writer.stats.cli.load(Ordering::Relaxed), 1);
+
+    let change = Transaction {
+        ops: vec![
+            chain("endpoint-B"),
+            rule("endpoint-B", "ip saddr 198.19.0.2 jump mark-for-masquerade"),
+            rule("endpoint-B", "meta l4proto tcp dnat to 198.19.0.2:80"),
+            Operation::FlushChain(svc.into()),
+            rule(svc, "ip daddr 198.18.0.41 tcp dport 80 ip saddr != 198.18.0.0/15 jump mark-for-masquerade"),
+            rule(svc, "numgen random mod 2 vmap { 0 : goto endpoint-A , 1 : goto endpoint-B }"),
+            Operation::FlushChain("endpoint-A".into()),
+            Operation::DeleteElement {
+                kind: SetKind::Map,
+                set: "service-ips".into(),
+                key: vec!["198.18.0.41".into(), "tcp".into(), "80".into()],
+            },
+            element(SetKind::Map, "service-ips", &["198.18.0.42", "tcp", "80"], Some(&format!("goto {svc}")), None),
+        ],
+    };
+    let before = listings(&ns, family);
+    let mut refused = change.clone();
+    refused.ops.insert(3, rule("endpoint-B", "jump nowhere"));
+    let err = writer.run(&refused).expect_err("a jump to a missing chain");
+    assert_eq!(writer.stats.netlink.load(Ordering::Relaxed), 1, "sent over netlink");
+    let text = err.to_string();
+    assert!(text.contains("operation 4 of 10"), "{text}");
+    assert!(text.contains("add rule ip kube-proxy endpoint-B jump nowhere"), "{text}");
+    assert!(err.is_not_found(), "ENOENT reads as nft's not-found: {text}");
+    assert_eq!(listings(&ns, family), before, "nothing of the refused batch was applied");
+
+    writer.run(&change).expect("the change");
+    assert_eq!(writer.stats.netlink.load(Ordering::Relaxed), 2);
+    let listed = runner(&ns, family).list_table().expect("list").expect("table");
+    let rules: Vec<&str> = listed.chains[svc].rules.iter().map(|(text, _)| text.as_str()).collect();
+    assert_eq!(
+        rules,
+        [
+            "ip daddr 198.18.0.41 tcp dport 80 ip saddr != 198.18.0.0/15 jump mark-for-masquerade",
+            "numgen random mod 2 vmap { 0 : goto endpoint-A, 1 : goto endpoint-B }",
+        ]
+    );
+    assert!(listed.chains["endpoint-A"].rules.is_empty(), "flushed");
+    let keys: Vec<&str> = listed.sets["service-ips"].elements.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["198.18.0.42 . tcp . 80"]);
 }

@@ -76,7 +76,8 @@ fn nft_options() -> crate::nftables::runner::NftOptions {
 }
 
 /// nftables mode's writers, one per family whose `nft` works (knftables' checks: version and
-/// object comments), after upstream's kernel check (5.13 or later, unless
+/// object comments): netlink for what it encodes, `nft` for the rest and for listing
+/// (`KUBE_PROXY_RS_NFT_WRITER=nft`: `nft` for everything), after upstream's kernel check (5.13 or later, unless
 /// `KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK` is set; up to 1.32 the check ran only when
 /// it was set).
 fn nftables_writers(
@@ -84,15 +85,21 @@ fn nftables_writers(
     release: crate::compat::Release,
 ) -> Result<[Option<Arc<dyn crate::nftables::Nftables>>; 2], AppError> {
     use crate::nftables::kernel::{KernelCheck, check_host_kernel};
+    use crate::nftables::netlink;
     use crate::nftables::runner::NftRunner;
     let check =
         if release <= crate::compat::Release::V1_32 { KernelCheck::InvertedUpTo1_32 } else { KernelCheck::Fixed };
     check_host_kernel(check).map_err(|e| AppError::Nftables(e.to_string()))?;
     Ok([crate::nftables::Family::Ip, crate::nftables::Family::Ip6].map(|family| {
         match NftRunner::new(exec.clone(), family, nft_options()) {
-            Ok(runner) => {
-                tracing::info!(%family, version = %runner.version(), "using nft");
+            Ok(runner) if netlink::cli_only_from_env() => {
+                tracing::info!(%family, version = %runner.version(), env = netlink::WRITER_ENV, "using nft for every transaction");
                 Some(Arc::new(runner) as Arc<dyn crate::nftables::Nftables>)
+            }
+            Ok(runner) => {
+                tracing::info!(%family, version = %runner.version(), "using netlink for per-service changes, nft for the rest");
+                let writer = netlink::NetlinkNftables::new(Arc::new(runner), Arc::new(netlink::KernelNetlink::new()));
+                Some(Arc::new(writer) as Arc<dyn crate::nftables::Nftables>)
             }
             Err(e) => {
                 tracing::warn!(%family, error = %e, "nftables is not usable for this family");

@@ -11,6 +11,7 @@ pub mod canonical;
 pub mod fake;
 pub mod kernel;
 pub mod listing;
+pub mod netlink;
 pub mod runner;
 pub mod table;
 pub mod transaction;
