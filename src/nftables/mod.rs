@@ -2,8 +2,10 @@
 //! transactions that change it (in the text `nft -f` reads, which is also what upstream's
 //! knftables writes), and the kernel writer behind the [`Nftables`] trait.
 //!
-//! Nothing outside this module knows how `nft` is invoked. The nftables proxier
-//! (`proxier::nftables`) builds [`Transaction`]s; the writer applies them atomically.
+//! Nothing outside this module knows how `nft` is invoked or how nf_tables messages look.
+//! The nftables proxier (`proxier::nftables`) builds [`Transaction`]s; the writer applies
+//! them atomically: [`netlink::NetlinkNftables`] sends what it can encode as one netlink
+//! batch and the rest through [`NftRunner`] (`nft -f -`).
 
 pub mod canonical;
 /// Also `render`'s kernel in nftables mode (the table each sync leaves, in memory), so it is

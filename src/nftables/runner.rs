@@ -11,12 +11,11 @@
 //!   (`nft --check` of `add table F kube-proxy { comment "test" ; }`; when only the plain
 //!   form passes, object comments are left out: [`Nftables::object_comments`] is false).
 //!
-//! Why the CLI and not netlink from Rust: measured in docs/performance.md ("nftables: the
-//! kernel writer") and decided in docs/architecture.md. In short, every rule kube-proxy
-//! writes needs nft's compiler (anonymous sets and maps, concatenations, `fib`, `numgen`),
-//! and what a small transaction costs beyond the kernel's floor is nft reading the names of
-//! every chain and set before it applies anything (nft 1.0.6 `nft_cache_evaluate`), which a
-//! netlink writer for elements alone would avoid only for element-only transactions.
+//! The daemon writes through [`super::netlink::NetlinkNftables`], which hands this runner
+//! every transaction it does not encode itself (the table, base chains, named maps, the fixed
+//! chains' rules), and every listing and check; with `KUBE_PROXY_RS_NFT_WRITER=nft`, all of
+//! them. docs/architecture.md says why (nft's per-process cache fetch is most of a small
+//! transaction's cost at scale).
 //!
 //! When nft refuses a transaction, the error names the failing line(s) nft reported
 //! (`/dev/stdin:LINE:COL-COL: Error: …`) with the lines around the first one, taken from

@@ -30,7 +30,7 @@ pub mod socket;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use self::socket::Netlink;
+use self::socket::{Netlink, NetlinkError};
 use super::transaction::write_operation;
 use super::{Family, NftError, Nftables, TableState, Transaction};
 
@@ -59,6 +59,7 @@ pub struct NetlinkNftables {
     cli: Arc<dyn Nftables>,
     netlink: Arc<dyn Netlink>,
     seq: AtomicU32,
+    warned_not_sent: std::sync::atomic::AtomicBool,
     pub stats: WriterStats,
 }
 
@@ -72,7 +73,13 @@ impl NetlinkNftables {
     pub fn new(cli: Arc<dyn Nftables>, netlink: Arc<dyn Netlink>) -> NetlinkNftables {
         // Sequence numbers only tell this writer's answers apart; start somewhere unlikely
         // to be confused with another writer's on a shared socket (each batch opens its own).
-        NetlinkNftables { cli, netlink, seq: AtomicU32::new(0x1000), stats: WriterStats::default() }
+        NetlinkNftables {
+            cli,
+            netlink,
+            seq: AtomicU32::new(0x1000),
+            warned_not_sent: std::sync::atomic::AtomicBool::new(false),
+            stats: WriterStats::default(),
+        }
     }
 
     fn send(&self, tx: &Transaction, encoded: encode::Encoded) -> Result<(), NftError> {
@@ -80,10 +87,21 @@ impl NetlinkNftables {
         let count = encoded.messages.len() as u32;
         let first = self.seq.fetch_add(count + 2, Ordering::Relaxed);
         let batch = message::batch(encode::af(family), &encoded.messages, first);
-        let acks = self
-            .netlink
-            .transact(&batch, first, count)
-            .map_err(|e| NftError::Rejected { family, message: format!("nf_tables netlink batch: {e}") })?;
+        let acks = match self.netlink.transact(&batch, first, count) {
+            Ok(acks) => acks,
+            Err(NetlinkError::NotSent(e)) => {
+                // Nothing reached the kernel: nft writes it (and every later one it cannot
+                // send either; said once at warning level).
+                if self.warned_not_sent.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(%family, error = %e, operations = tx.len(), "netlink batch not sent; writing it with nft");
+                } else {
+                    tracing::warn!(%family, error = %e, operations = tx.len(), "netlink batch not sent; writing it with nft (said once)");
+                }
+                self.stats.cli.fetch_add(1, Ordering::Relaxed);
+                return self.cli.run(tx);
+            }
+            Err(e) => return Err(NftError::Rejected { family, message: format!("nf_tables netlink batch: {e}") }),
+        };
         let failed = acks.iter().filter(|a| a.errno != 0).min_by_key(|a| a.seq);
         if let Some(ack) = failed {
             let errno = std::io::Error::from_raw_os_error(-ack.errno);
@@ -183,6 +201,19 @@ mod tests {
         w.run(&tx).unwrap();
         assert_eq!(nl.batches.lock().unwrap().len(), 1, "the table operation sends it all to nft");
         assert_eq!(w.stats.cli.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_batch_that_cannot_be_sent_goes_to_nft() {
+        let (cli, nl, w) = writer();
+        nl.unsendable.store(true, Ordering::Relaxed);
+        let tx = Transaction { ops: vec![Operation::AddTable] };
+        w.run(&tx).unwrap();
+        w.run(&chain_and_rule()).unwrap();
+        assert!(nl.batches.lock().unwrap().is_empty());
+        assert_eq!(w.stats.cli.load(Ordering::Relaxed), 2);
+        let table = cli.list_table().unwrap().expect("nft wrote it");
+        assert_eq!(table.chains["endpoint-X"].rules.len(), 1);
     }
 
     #[test]
