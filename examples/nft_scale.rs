@@ -5,7 +5,7 @@
 //! the kernel runner makes it) and measured inside the timed sync; with `--fake` the fake's
 //! applying (a copy of the whole table per transaction, for atomicity) is inside it too.
 //!
-//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream] [--nft-only]
+//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream] [--nft-only] [--set-floor-only]
 //!
 //! `--kernel` (root): the daemon's writer ([`NetlinkNftables`]: netlink batches for what it
 //! encodes, the [`NftRunner`] for the rest; `--nft-only`: the runner alone) in a network
@@ -19,7 +19,8 @@
 //! `--upstream` (with `--kernel`): each run also writes the same cluster's first sync as
 //! upstream's full sync writes it ([`upstream_first_sync`]: one transaction, upstream's order)
 //! with one `nft -f` into a fresh namespace, timed, so the two can be compared in one run;
-//! and the kernel's floor for that many sets ([`set_floor`]).
+//! and the kernel's floor for that many sets ([`set_floor`]). `--set-floor-only`: that floor
+//! alone (no proxier run).
 //! The load averages are printed around the first sync (the machine may be shared).
 //!
 //! Each run (a fresh proxier): the first (full) sync; `--partials` one-endpoint changes (one
@@ -558,16 +559,7 @@ fn one_run(o: &Options, run: usize) -> Run {
         println!("upstream's first sync: {} operations in 1 transaction; load: {}", tx.len(), load());
         let t = replay(&tx, run, false);
         println!("| upstream's first sync, one `nft -f` | {} | {} in 1 | | | | |", ms(t), tx.len());
-        let anonymous = tx
-            .ops
-            .iter()
-            .filter(|op| matches!(op, Operation::AddRule(r) if r.text.contains('{') && !r.text.contains("update @")))
-            .count();
-        let named = tx
-            .ops
-            .iter()
-            .filter(|op| matches!(op, Operation::AddSet(set) if set.name.starts_with("affinity-")))
-            .count();
+        let (anonymous, named) = set_counts(&tx);
         let chunk = o.chunk.unwrap_or(kube_proxy_rs::proxier::nftables::plan::CHUNK_OPERATIONS);
         let f = set_floor(anonymous, named, chunk, run);
         println!(
@@ -587,6 +579,18 @@ fn one_run(o: &Options, run: usize) -> Run {
         upstream: upstream.map(|u| u.0),
         set_floor: upstream.map(|u| u.1),
     }
+}
+
+/// The anonymous maps (rules holding one) and the affinity sets of a first sync.
+fn set_counts(tx: &Transaction) -> (usize, usize) {
+    let anonymous = tx
+        .ops
+        .iter()
+        .filter(|op| matches!(op, Operation::AddRule(r) if r.text.contains('{') && !r.text.contains("update @")))
+        .count();
+    let named =
+        tx.ops.iter().filter(|op| matches!(op, Operation::AddSet(set) if set.name.starts_with("affinity-"))).count();
+    (anonymous, named)
 }
 
 fn main() {
@@ -624,6 +628,20 @@ fn main() {
         chunk.map_or("default".to_string(), |c| c.to_string()),
     );
     let options = Options { services, per, release, mode, partials, chunk, affinity_every, upstream, nft_only };
+    if std::env::args().any(|a| a == "--set-floor-only") {
+        // Only the kernel's floor for this cluster's sets (see `set_floor`), for sizes where
+        // a whole run would take too long.
+        let (anonymous, named) = set_counts(&upstream_first_sync(&options));
+        let chunk = chunk.unwrap_or(kube_proxy_rs::proxier::nftables::plan::CHUNK_OPERATIONS);
+        println!("load before: {}", load());
+        let f = set_floor(anonymous, named, chunk, 0);
+        println!(
+            "| set floor: {anonymous} anonymous maps, {named} named sets (2 references each), pieces of {chunk} | {} |",
+            ms(f)
+        );
+        println!("load after: {}", load());
+        return;
+    }
     let mut all = Vec::new();
     for run in 0..runs {
         println!("## run {}", run + 1);

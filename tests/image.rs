@@ -321,7 +321,7 @@ async fn image_runs_the_daemon_in_nftables_mode_and_cleans_up() {
     assert!(ipv4.contains("chain service-") && ipv4.contains("ns1/web/tcp/http"), "{ipv4}");
     assert!(table("ip6").contains("table ip6 kube-proxy"), "the IPv6 table too:\n{}", daemon.log_text());
     let log = daemon.log_text();
-    assert!(log.contains("using nft"), "{log}");
+    assert!(log.contains("using netlink for per-service changes, nft for the rest"), "{log}");
 
     server.update(&slice("ns1", "web", "web-1").tcp("http", 8080).ips(&["198.19.8.2"]).build());
     wait_for(&daemon, "the new endpoint", || {
