@@ -71,12 +71,11 @@ impl std::fmt::Debug for NetlinkNftables {
 
 impl NetlinkNftables {
     pub fn new(cli: Arc<dyn Nftables>, netlink: Arc<dyn Netlink>) -> NetlinkNftables {
-        // Sequence numbers only tell this writer's answers apart; start somewhere unlikely
-        // to be confused with another writer's on a shared socket (each batch opens its own).
+        // Sequence numbers tell a batch's answers apart (each batch opens its own socket).
         NetlinkNftables {
             cli,
             netlink,
-            seq: AtomicU32::new(0x1000),
+            seq: AtomicU32::new(0),
             warned_not_sent: std::sync::atomic::AtomicBool::new(false),
             stats: WriterStats::default(),
         }
@@ -85,7 +84,8 @@ impl NetlinkNftables {
     fn send(&self, tx: &Transaction, encoded: encode::Encoded) -> Result<(), NftError> {
         let family = self.cli.family();
         let count = encoded.messages.len() as u32;
-        let first = self.seq.fetch_add(count + 2, Ordering::Relaxed);
+        // Kept far below u32::MAX so that a batch's numbers never wrap.
+        let first = 0x1000 + self.seq.fetch_add(count + 2, Ordering::Relaxed) % (1 << 30);
         let batch = message::batch(encode::af(family), &encoded.messages, first);
         let acks = match self.netlink.transact(&batch, first, count) {
             Ok(acks) => acks,
