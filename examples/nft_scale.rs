@@ -38,18 +38,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cap::Cap;
-use kube_proxy_rs::compat::{Features, Release};
+use kube_proxy_rs::compat::Release;
 use kube_proxy_rs::exec::{Command, Exec, RealExec};
-use kube_proxy_rs::model::{Cidr, IpFamily, NamespacedName};
+use kube_proxy_rs::model::NamespacedName;
 use kube_proxy_rs::nftables::fake::FakeNftables;
 use kube_proxy_rs::nftables::netlink::{KernelNetlink, NetlinkNftables};
 use kube_proxy_rs::nftables::{
     Chain, Family, NftError, NftOptions, NftRunner, Nftables, Operation, Rule, TableState, Transaction,
 };
 use kube_proxy_rs::proxier::StaticInterfaces;
-use kube_proxy_rs::proxier::local_detect::LocalDetector;
-use kube_proxy_rs::proxier::nftables::{NftProxierConfig, NftRenderConfig, NftSyncOutcome, NftablesProxier};
-use kube_proxy_rs::proxier::nodeport_addresses::NodePortAddresses;
+use kube_proxy_rs::proxier::nftables::{NftSyncOutcome, NftablesProxier, bench_node_config};
 use kube_proxy_rs::synthetic::{self, ClusterShape};
 
 #[global_allocator]
@@ -277,19 +275,7 @@ struct Options {
 /// A proxier on `kernel` fed the synthetic cluster of `o` (objects made one at a time and
 /// dropped, as the watches do), its full syncs in pieces of `chunk` operations.
 fn fed_proxier(o: &Options, kernel: Arc<dyn Nftables>, chunk: Option<usize>) -> NftablesProxier {
-    let cfg = NftProxierConfig {
-        render: NftRenderConfig {
-            family: IpFamily::V4,
-            masquerade_all: false,
-            masquerade_mark: "0x00004000".into(),
-            local_detector: LocalDetector::Cidr(Cidr::parse_sloppy("10.0.0.0/8").expect("cidr")),
-            node_ip: Some("192.168.0.2".parse().expect("ip")),
-            node_port_addresses: NodePortAddresses::new(IpFamily::V4, &["192.168.0.2/32".into()]),
-            features: Features::of(o.release),
-        },
-        hostname: synthetic::NODE_NAME.into(),
-        sync_period: Duration::from_secs(30),
-    };
+    let cfg = bench_node_config(o.release, synthetic::NODE_NAME);
     let mut proxier =
         NftablesProxier::new(cfg, kernel, Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])));
     if let Some(chunk) = chunk {

@@ -10,32 +10,20 @@
 
 use std::time::{Duration, Instant};
 
-use kube_proxy_rs::tracker::testing::{SliceBuilder, ep, slice, svc};
+use kube_proxy_rs::tracker::testing::svc;
 
 use crate::require_root;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::support::cluster_net::{
-    CLIENT_IP, CLIENT_IP_ALT, CLIENT_IP6, CLIENT_TIMEOUT, CPOD, Cluster, ECHO_PORT, Failure, NODE_A_IP, NODE_A_IP6,
-    NsName, Outcome, POD_A1, POD_A2, POD_B1, Pod, SERVE_PORT, TcpFlow, UdpFlow, sa, tally, tcp_request, tcp_requests,
-    udp_requests,
+    CLIENT_IP, CLIENT_IP_ALT, CLIENT_IP6, CLIENT_TIMEOUT, CPOD, Cluster, Failure, NODE_A_IP, NODE_A_IP6, NsName,
+    Outcome, POD_A1, POD_A2, POD_B1, TcpFlow, UdpFlow, ok_all, pods_slice, pods_slice6, sa, tally, tcp_request,
+    tcp_requests, udp_requests, web,
 };
 use crate::support::e2e::http_get;
 use crate::support::poll::{SLOW_POLL, eventually, poll_until};
 
-const NS: &str = "ns1";
+const NS: &str = crate::support::cluster_net::SCENARIO_NS;
 const PROGRAMMED: Duration = Duration::from_secs(30);
-
-fn pods_slice(svc: &str, pods: &[&Pod]) -> SliceBuilder {
-    let mut b = slice(NS, svc, &format!("{svc}-1"))
-        .tcp("http", i32::from(SERVE_PORT))
-        .udp("dns", i32::from(SERVE_PORT))
-        .tcp("echo", i32::from(ECHO_PORT));
-    for p in pods {
-        b = b.endpoint(ep(&p.ip).node(p.node));
-    }
-    b
-}
 
 fn assert_spread(outcomes: &[Outcome], pods: &[&str], what: &str) {
     let (per_pod, failures) = tally(outcomes);
@@ -149,26 +137,6 @@ async fn nftables_mode_serves_services_and_switches_with_iptables_mode_both_ways
 
 fn pass(scenario: &str, started: Instant) {
     eprintln!("nftables scenario {scenario}: pass ({:.1}s)", started.elapsed().as_secs_f64());
-}
-
-fn pods_slice6(svc: &str, pods: &[&Pod]) -> EndpointSlice {
-    let mut b =
-        slice(NS, svc, &format!("{svc}-6")).ipv6().tcp("http", i32::from(SERVE_PORT)).udp("dns", i32::from(SERVE_PORT));
-    for p in pods {
-        b = b.endpoint(ep(&p.ip6).node(p.node));
-    }
-    b.build()
-}
-
-/// A ClusterIP Service with ports http 80/TCP, dns 53/UDP and echo 81/TCP.
-fn web(name: &str, ip: &str) -> kube_proxy_rs::tracker::testing::SvcBuilder {
-    svc(NS, name).cluster_ip(ip).tcp("http", 80).udp("dns", 53).tcp("echo", 81)
-}
-
-/// Every request answered.
-fn ok_all(outcomes: &[Outcome], what: &str) {
-    let (_, failures) = tally(outcomes);
-    assert!(failures.is_empty(), "{what}: {} of {} failed: {failures:?}", failures.len(), outcomes.len());
 }
 
 /// The health-check node port's answer from outside: status and `localEndpoints`.

@@ -21,7 +21,8 @@ use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use kube_proxy_rs::tracker::testing::node;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_proxy_rs::tracker::testing::{SliceBuilder, SvcBuilder, ep, node, slice, svc};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -503,4 +504,43 @@ async fn serve(pod: &'static str, stop: CancellationToken, ready: std::sync::mps
             }
         }
     }
+}
+
+/// The namespace of the traffic scenarios' Services (e2e_traffic, e2e_nftables).
+pub const SCENARIO_NS: &str = "ns1";
+
+/// A slice for `svc` with port "http" (TCP) and "dns" (UDP) to the pod servers, plus "echo"
+/// (TCP) to their echo port; each endpoint carries its pod's node name.
+pub fn pods_slice(svc: &str, pods: &[&Pod]) -> SliceBuilder {
+    let mut b = slice(SCENARIO_NS, svc, &format!("{svc}-1"))
+        .tcp("http", i32::from(SERVE_PORT))
+        .udp("dns", i32::from(SERVE_PORT))
+        .tcp("echo", i32::from(ECHO_PORT));
+    for p in pods {
+        b = b.endpoint(ep(&p.ip).node(p.node));
+    }
+    b
+}
+
+/// The IPv6 slice of `svc`: "http" (TCP) and "dns" (UDP) to the pods' IPv6 addresses.
+pub fn pods_slice6(svc: &str, pods: &[&Pod]) -> EndpointSlice {
+    let mut b = slice(SCENARIO_NS, svc, &format!("{svc}-6"))
+        .ipv6()
+        .tcp("http", i32::from(SERVE_PORT))
+        .udp("dns", i32::from(SERVE_PORT));
+    for p in pods {
+        b = b.endpoint(ep(&p.ip6).node(p.node));
+    }
+    b.build()
+}
+
+/// A ClusterIP Service with ports http 80/TCP, dns 53/UDP and echo 81/TCP.
+pub fn web(name: &str, ip: &str) -> SvcBuilder {
+    svc(SCENARIO_NS, name).cluster_ip(ip).tcp("http", 80).udp("dns", 53).tcp("echo", 81)
+}
+
+/// Every request answered.
+pub fn ok_all(outcomes: &[Outcome], what: &str) {
+    let (_, failures) = tally(outcomes);
+    assert!(failures.is_empty(), "{what}: {} of {} failed: {failures:?}", failures.len(), outcomes.len());
 }

@@ -602,12 +602,12 @@ impl NftablesProxier {
     }
 }
 
-/// A proxier on a fake kernel for this module's unit tests: IPv4, node 192.168.0.2 (also the
-/// only node-port address), pods in 10.0.0.0/8, `hostname` synthetic::NODE_NAME.
-#[cfg(test)]
-pub(crate) fn test_proxier(release: crate::compat::Release, nft: Arc<dyn Nftables>) -> NftablesProxier {
+/// The node of the benchmarks (examples/nft_scale.rs) and of this module's unit tests:
+/// IPv4, node 192.168.0.2 (also the only node-port address), pods in 10.0.0.0/8, the
+/// default mark and sync period.
+#[cfg(any(test, feature = "testing"))]
+pub fn bench_node_config(release: crate::compat::Release, hostname: &str) -> NftProxierConfig {
     use crate::compat::Features;
-    use crate::proxier::StaticInterfaces;
     use crate::proxier::local_detect::LocalDetector;
     use crate::proxier::nodeport_addresses::NodePortAddresses;
 
@@ -620,8 +620,16 @@ pub(crate) fn test_proxier(release: crate::compat::Release, nft: Arc<dyn Nftable
         node_port_addresses: NodePortAddresses::new(IpFamily::V4, &["192.168.0.2/32".into()]),
         features: Features::of(release),
     };
-    let cfg =
-        NftProxierConfig { render, hostname: crate::synthetic::NODE_NAME.into(), sync_period: Duration::from_secs(30) };
+    NftProxierConfig { render, hostname: hostname.into(), sync_period: Duration::from_secs(30) }
+}
+
+/// A proxier on a fake kernel for this module's unit tests ([`bench_node_config`],
+/// `hostname` synthetic::NODE_NAME).
+#[cfg(test)]
+pub(crate) fn test_proxier(release: crate::compat::Release, nft: Arc<dyn Nftables>) -> NftablesProxier {
+    use crate::proxier::StaticInterfaces;
+
+    let cfg = bench_node_config(release, crate::synthetic::NODE_NAME);
     NftablesProxier::new(cfg, nft, Arc::new(StaticInterfaces(vec!["192.168.0.2".parse().expect("ip")])))
 }
 
