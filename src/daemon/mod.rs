@@ -42,7 +42,7 @@ use crate::proxier::local_detect::LocalDetector;
 use crate::proxier::nftables::{NftProxierConfig, NftRenderConfig, NftSyncReport, NftablesProxier};
 use crate::proxier::nodeport_addresses::NodePortAddresses;
 use crate::proxier::{NetworkInterfaces, Proxier, ProxierConfig, RenderConfig, ServiceHealthState, SyncReport};
-use crate::serve::health::{ProxierHealthServer, SystemClock};
+use crate::serve::health::{ProxierHealthServer, SyncMark, SystemClock};
 use crate::serve::healthcheck::{ServiceHealthServer, listen_addresses};
 
 #[derive(Debug, thiserror::Error)]
@@ -423,13 +423,19 @@ impl Daemon {
                 leftovers: self.leftovers.clone(),
             };
             let family = f.family;
+            let health = self.health.clone();
+            let on_start = move || health.sync_starting(family);
             let run = match f.rules {
-                ModeProxier::Iptables { sync_loop, .. } => {
-                    tokio::spawn(sync_loop.run(shutdown.clone(), move |report: &SyncReport| after_sync.report(report)))
-                }
-                ModeProxier::Nftables { sync_loop, .. } => tokio::spawn(
-                    sync_loop.run(shutdown.clone(), move |report: &NftSyncReport| after_sync.report(report)),
-                ),
+                ModeProxier::Iptables { sync_loop, .. } => tokio::spawn(sync_loop.run_observed(
+                    shutdown.clone(),
+                    on_start,
+                    move |report: &SyncReport, mark| after_sync.report(report, mark),
+                )),
+                ModeProxier::Nftables { sync_loop, .. } => tokio::spawn(sync_loop.run_observed(
+                    shutdown.clone(),
+                    on_start,
+                    move |report: &NftSyncReport, mark| after_sync.report(report, mark),
+                )),
             };
             loops.spawn(format!("sync loop ({family})"), async move {
                 match run.await {
@@ -468,7 +474,6 @@ struct AfterSync {
 trait ReportView {
     fn record_metrics(&self, metrics: &Metrics, family: IpFamily, now: SystemTime);
     fn succeeded(&self) -> bool;
-    fn elapsed(&self) -> Duration;
     fn service_health(&self) -> Option<&ServiceHealthState>;
     fn conntrack_cleanup(&self) -> Option<&crate::node::conntrack::cleaner::CleanupJob>;
 }
@@ -479,9 +484,6 @@ impl ReportView for SyncReport {
     }
     fn succeeded(&self) -> bool {
         self.result.is_ok()
-    }
-    fn elapsed(&self) -> Duration {
-        self.elapsed
     }
     fn service_health(&self) -> Option<&ServiceHealthState> {
         self.service_health.as_ref()
@@ -498,9 +500,6 @@ impl ReportView for NftSyncReport {
     fn succeeded(&self) -> bool {
         self.result.is_ok()
     }
-    fn elapsed(&self) -> Duration {
-        self.elapsed
-    }
     fn service_health(&self) -> Option<&ServiceHealthState> {
         self.service_health.as_ref()
     }
@@ -510,14 +509,15 @@ impl ReportView for NftSyncReport {
 }
 
 impl AfterSync {
-    fn report(&self, report: &impl ReportView) {
+    /// `mark`: where the health's queue stood when the sync took its changes.
+    fn report(&self, report: &impl ReportView, mark: SyncMark) {
         let family = self.family;
         report.record_metrics(&self.metrics, family, SystemTime::now());
         if !report.succeeded() {
             self.health.sync_failed(family);
             return;
         }
-        self.health.synced(family, report.elapsed());
+        self.health.synced(family, mark);
         if let (Some(sh), Some(state)) = (&self.service_health, report.service_health()) {
             let mut all = self.published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             all.insert(family, state.clone());

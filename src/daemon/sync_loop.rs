@@ -205,6 +205,18 @@ impl<P: LoopProxier> SyncLoop<P> {
         shutdown: CancellationToken,
         on_report: impl Fn(&P::Report) + Send + Sync + 'static,
     ) -> Result<(), SyncPanicked> {
+        self.run_observed(shutdown, || (), move |report, ()| on_report(report)).await
+    }
+
+    /// [`Self::run`], with `on_start` called on the sync's thread just before each sync takes
+    /// its pending changes; what it returns goes to `on_report` with that sync's report (the
+    /// daemon's health marks which queued updates a sync can have written).
+    pub async fn run_observed<T: Send + 'static>(
+        self,
+        shutdown: CancellationToken,
+        on_start: impl Fn() -> T + Send + Sync + 'static,
+        on_report: impl Fn(&P::Report, T) + Send + Sync + 'static,
+    ) -> Result<(), SyncPanicked> {
         let SyncLoop { proxier, runner, monitor } = self;
         // Cancelled on shutdown, or by this loop itself after a panicking sync.
         let stop = shutdown.child_token();
@@ -231,21 +243,24 @@ impl<P: LoopProxier> SyncLoop<P> {
         // The first sync happens as soon as the loop starts (and is full).
         runner.handle().run();
         let on_report = Arc::new(on_report);
+        let on_start = Arc::new(on_start);
         runner
             .run_loop(stop.clone(), || {
                 let proxier = proxier.clone();
                 let on_report = on_report.clone();
+                let on_start = on_start.clone();
                 let stop = stop.clone();
                 let panicked = panicked.clone();
                 async move {
                     let outcome = tokio::task::spawn_blocking(move || {
                         let _span = tracing::info_span!("sync", family = %family).entered();
-                        lock(&proxier).sync_once(Instant::now())
+                        let started = on_start();
+                        lock(&proxier).sync_once(Instant::now()).map(|report| (report, started))
                     })
                     .await;
                     match outcome {
-                        Ok(Some(report)) => {
-                            on_report(&report);
+                        Ok(Some((report, started))) => {
+                            on_report(&report, started);
                             P::retry_after(&report)
                         }
                         Ok(None) => None,

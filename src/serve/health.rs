@@ -129,6 +129,11 @@ impl ProbeResponse {
     }
 }
 
+/// Where a sync stands in its family's queue of updates: the number queued before it took
+/// its changes ([`ProxierHealth::sync_starting`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncMark(u64);
+
 /// The proxier health state machine (pure: every decision takes `now`).
 #[derive(Debug, Clone)]
 pub struct ProxierHealth {
@@ -136,9 +141,12 @@ pub struct ProxierHealth {
     last_updated: BTreeMap<IpFamily, SystemTime>,
     /// Per family, when the oldest update not yet applied was queued.
     oldest_pending_queued: BTreeMap<IpFamily, SystemTime>,
-    /// The newest change queued per family since its last successful sync: what stays
-    /// pending when a sync took only the older ones ([`ProxierHealth::synced`]).
-    newest_pending_queued: BTreeMap<IpFamily, SystemTime>,
+    /// Per family, how many updates were ever queued: a sync's [`SyncMark`] is this count
+    /// when it started, so what was queued after it is told apart exactly.
+    queued_count: BTreeMap<IpFamily, u64>,
+    /// Per family, the running sync's mark and when the first update after it was queued:
+    /// what stays pending when that sync succeeds ([`ProxierHealth::synced`]).
+    running: BTreeMap<IpFamily, (SyncMark, Option<SystemTime>)>,
     /// Per family, when the sync in progress last showed progress (it finished one of the
     /// transactions a large restore is split into).
     last_progress: BTreeMap<IpFamily, SystemTime>,
@@ -180,7 +188,8 @@ impl ProxierHealth {
             health_timeout,
             last_updated: BTreeMap::new(),
             oldest_pending_queued: BTreeMap::new(),
-            newest_pending_queued: BTreeMap::new(),
+            queued_count: BTreeMap::new(),
+            running: BTreeMap::new(),
             last_progress: BTreeMap::new(),
             node_eligible: None,
             release,
@@ -203,8 +212,18 @@ impl ProxierHealth {
     /// pending change counts: later calls do not move the deadline.
     pub fn queued_update(&mut self, family: IpFamily, now: SystemTime) {
         self.oldest_pending_queued.entry(family).or_insert(now);
-        let newest = self.newest_pending_queued.entry(family).or_insert(now);
-        *newest = (*newest).max(now);
+        *self.queued_count.entry(family).or_default() += 1;
+        if let Some((_, first_after)) = self.running.get_mut(&family) {
+            first_after.get_or_insert(now);
+        }
+    }
+
+    /// A sync of `family` is about to take its changes: every update queued so far is in
+    /// it (the watches record a change before they queue its update), any later one is not.
+    pub fn sync_starting(&mut self, family: IpFamily) -> SyncMark {
+        let mark = SyncMark(self.queued_count.get(&family).copied().unwrap_or(0));
+        self.running.insert(family, (mark, None));
+        mark
     }
 
     /// The sync of `family` is making progress (it applied one step of a restore split
@@ -217,32 +236,34 @@ impl ProxierHealth {
     /// that fails again and again is not alive because each attempt gets some way).
     pub fn sync_failed(&mut self, family: IpFamily) {
         self.last_progress.remove(&family);
+        self.running.remove(&family);
     }
 
     /// The proxier of `family` wrote rules reflecting everything queued so far.
     pub fn updated(&mut self, family: IpFamily, now: SystemTime) {
-        self.synced(family, now, now);
+        let mark = self.sync_starting(family);
+        self.synced(family, mark, now);
     }
 
-    /// A sync of `family` that took its changes at `started` succeeded at `now`: what was
-    /// queued up to `started` is written. A change queued while it ran (one watch event
-    /// during the sync of another) is still pending, or a sync after it that fails would
-    /// never count as late; it is judged from the newest change queued during the sync
-    /// (only the oldest and newest are kept), at most that sync's duration generous.
-    /// (Upstream clears the mark whatever was queued during the sync; the next sync, which
-    /// that queueing requested, clears it here.)
-    pub fn synced(&mut self, family: IpFamily, started: SystemTime, now: SystemTime) {
-        match self.newest_pending_queued.get(&family).copied() {
-            Some(newest) if newest > started => {
-                let oldest = self.oldest_pending_queued.entry(family).or_insert(newest);
-                if *oldest <= started {
-                    *oldest = newest;
-                }
-            }
-            _ => {
-                self.oldest_pending_queued.remove(&family);
-                self.newest_pending_queued.remove(&family);
-            }
+    /// The sync of `family` that started at `mark` succeeded at `now`: what was queued
+    /// before the mark is written. A change queued after it (one watch event arriving while
+    /// the sync of another runs) is still pending, judged from its own queueing, or a sync
+    /// after it that fails would never count as late. (Upstream clears the mark whatever was
+    /// queued during the sync; the next sync, which that queueing requested, clears it here.)
+    /// A mark, not a time: a start time worked out from the sync's duration lands after the
+    /// real start whenever the report is late, and a change queued in between was lost.
+    pub fn synced(&mut self, family: IpFamily, mark: SyncMark, now: SystemTime) {
+        let queued = self.queued_count.get(&family).copied().unwrap_or(0);
+        let first_after = match self.running.remove(&family) {
+            Some((running, first_after)) if running == mark => first_after,
+            // Not the running sync's mark (a caller's mistake): judge what came after it
+            // from now, the latest it can have been queued.
+            _ => Some(now),
+        };
+        if queued > mark.0 {
+            self.oldest_pending_queued.insert(family, first_after.unwrap_or(now));
+        } else {
+            self.oldest_pending_queued.remove(&family);
         }
         self.last_progress.remove(&family);
         self.last_updated.insert(family, now);
@@ -455,11 +476,15 @@ impl ProxierHealthServer {
         self.with_state(|s| s.updated(family, now));
     }
 
-    /// See [`ProxierHealth::synced`]: a sync that took `took` has just succeeded.
-    pub fn synced(&self, family: IpFamily, took: Duration) {
+    /// See [`ProxierHealth::sync_starting`].
+    pub fn sync_starting(&self, family: IpFamily) -> SyncMark {
+        self.with_state(|s| s.sync_starting(family))
+    }
+
+    /// See [`ProxierHealth::synced`]: the sync that started at `mark` has just succeeded.
+    pub fn synced(&self, family: IpFamily, mark: SyncMark) {
         let now = self.clock.now();
-        let started = now.checked_sub(took).unwrap_or(now);
-        self.with_state(|s| s.synced(family, started, now));
+        self.with_state(|s| s.synced(family, mark, now));
     }
 
     /// See [`ProxierHealth::sync_node`].
@@ -699,22 +724,45 @@ mod tests {
     fn a_change_queued_during_a_sync_stays_pending() {
         let mut h = ProxierHealth::new(TIMEOUT, Release::V1_29);
         h.updated(IpFamily::V4, at(1_000));
-        // A sync takes its changes at 1 010; another change is queued at 1 012, while it
-        // runs; it succeeds at 1 015. The change queued during it is not written.
+        // Two changes are queued, a sync takes them; two more are queued while it runs
+        // (at 1 011 and 1 012); it succeeds at 1 015. Those two are not written.
         h.queued_update(IpFamily::V4, at(1_005));
+        h.queued_update(IpFamily::V4, at(1_006));
+        let mark = h.sync_starting(IpFamily::V4);
         h.queued_update(IpFamily::V4, at(1_011));
         h.queued_update(IpFamily::V4, at(1_012));
-        h.synced(IpFamily::V4, at(1_010), at(1_015));
+        h.synced(IpFamily::V4, mark, at(1_015));
         assert_eq!(h.health(at(1_020)).last_updated, Some(at(1_015)));
-        assert!(h.is_healthy(at(1_012 + 59)));
-        // Its own sync fails (no further success): late from its queueing.
-        assert!(!h.is_healthy(at(1_012 + 60)));
-        // A sync that took it succeeds: nothing pending.
-        h.synced(IpFamily::V4, at(1_100), at(1_101));
+        // Judged from the first of them.
+        assert!(h.is_healthy(at(1_011 + 59)));
+        // The sync that takes them fails: late from their queueing.
+        h.sync_starting(IpFamily::V4);
+        h.sync_failed(IpFamily::V4);
+        assert!(!h.is_healthy(at(1_011 + 60)));
+        // A sync that took them succeeds: nothing pending.
+        let mark = h.sync_starting(IpFamily::V4);
+        h.synced(IpFamily::V4, mark, at(1_101));
         assert!(h.is_healthy(at(5_000)));
-        // A change queued exactly as a sync takes its changes counts as taken.
-        h.queued_update(IpFamily::V4, at(6_000));
-        h.synced(IpFamily::V4, at(6_000), at(6_001));
+    }
+
+    /// The CI failure this replaced a time estimate for: a sync that took 0 ms (nothing to
+    /// write) is reported late; a change queued just after it took its changes but before
+    /// "report time − duration" must stay pending.
+    #[test]
+    fn a_late_report_does_not_swallow_a_change_queued_during_the_sync() {
+        let mut h = ProxierHealth::new(TIMEOUT, Release::V1_29);
+        h.updated(IpFamily::V4, at(1_000));
+        h.queued_update(IpFamily::V4, at(1_010));
+        let mark = h.sync_starting(IpFamily::V4);
+        h.queued_update(IpFamily::V4, at(1_010));
+        // Reported (much) later than it ran.
+        h.synced(IpFamily::V4, mark, at(1_030));
+        assert!(h.is_healthy(at(1_069)));
+        assert!(!h.is_healthy(at(1_070)), "the change queued after the mark is still pending");
+        // A change queued exactly before the mark counts as taken.
+        h.queued_update(IpFamily::V4, at(2_000));
+        let mark = h.sync_starting(IpFamily::V4);
+        h.synced(IpFamily::V4, mark, at(2_001));
         assert!(h.is_healthy(at(9_000)));
     }
 
