@@ -5,10 +5,11 @@
 //! the kernel runner makes it) and measured inside the timed sync; with `--fake` the fake's
 //! applying (a copy of the whole table per transaction, for atomicity) is inside it too.
 //!
-//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream] [--nft-only] [--set-floor-only]
+//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream] [--nft-only] [--kernel-names] [--set-floor-only]
 //!
 //! `--kernel` (root): the daemon's writer ([`NetlinkNftables`]: netlink batches for what it
-//! encodes, the [`NftRunner`] for the rest; `--nft-only`: the runner alone) in a network
+//! encodes, the [`NftRunner`] for the rest; `--nft-only`: the runner alone; `--kernel-names`:
+//! the writer names anonymous maps `__map%d` as nft does, for comparison) in a network
 //! namespace this program creates for each run and deletes (also on a panic; a kill leaves
 //! `kprs-nft-scale-PID-RUN` to `ip netns del`). Each kernel run also measures the floor on the
 //! table the first sync wrote: one transaction adding one chain and one `goto` rule, by
@@ -270,6 +271,8 @@ struct Options {
     affinity_every: usize,
     upstream: bool,
     nft_only: bool,
+    /// The netlink writer names anonymous maps `__map%d`, as nft does (`--kernel-names`).
+    kernel_names: bool,
 }
 
 /// A proxier on `kernel` fed the synthetic cluster of `o` (objects made one at a time and
@@ -454,7 +457,12 @@ fn one_run(o: &Options, run: usize) -> Run {
     });
     let writer: Option<Arc<NetlinkNftables>> = match (&netns, &cli) {
         (Some(ns), Some(cli)) if !o.nft_only => {
-            Some(Arc::new(NetlinkNftables::new(cli.clone(), Arc::new(KernelNetlink::in_netns(ns.0.clone())))))
+            let netlink = Arc::new(KernelNetlink::in_netns(ns.0.clone()));
+            Some(Arc::new(if o.kernel_names {
+                NetlinkNftables::with_kernel_names(cli.clone(), netlink)
+            } else {
+                NetlinkNftables::new(cli.clone(), netlink)
+            }))
         }
         _ => None,
     };
@@ -480,8 +488,15 @@ fn one_run(o: &Options, run: usize) -> Run {
 
     let mut now = Instant::now();
     println!("load before the first sync: {}", load());
+    let cpu_before = cpu_times();
     let first = sync(&mut proxier, &kernel, now, "first sync");
     row("first sync", &first);
+    let cpu_after = cpu_times();
+    println!(
+        "CPU of the first sync (this process and the nft processes it waited for): user {:.2} s, system {:.2} s",
+        cpu_after.0 - cpu_before.0,
+        cpu_after.1 - cpu_before.1
+    );
     println!("load after the first sync: {}", load());
     let floor = cli.as_deref().map(|k| chain_floor(k, partials));
     if let Some(f) = floor {
@@ -579,6 +594,23 @@ fn set_counts(tx: &Transaction) -> (usize, usize) {
     (anonymous, named)
 }
 
+/// User and system CPU seconds of this process plus its waited-for children (nft): the
+/// kernel's work for a netlink batch or an `nft -f` is system time of the sender, so this
+/// reads through a machine shared with other work better than wall time does.
+fn cpu_times() -> (f64, f64) {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let secs = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+    let mut user = 0.0;
+    let mut sys = 0.0;
+    for who in [UsageWho::RUSAGE_SELF, UsageWho::RUSAGE_CHILDREN] {
+        if let Ok(u) = getrusage(who) {
+            user += secs(u.user_time());
+            sys += secs(u.system_time());
+        }
+    }
+    (user, sys)
+}
+
 fn main() {
     let positional: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let services = positional.first().copied().unwrap_or(10_000);
@@ -603,17 +635,21 @@ fn main() {
         arg("--affinity-every").and_then(|p| p.parse().ok()).unwrap_or(ClusterShape::DEFAULT_AFFINITY_EVERY);
     let upstream = std::env::args().any(|a| a == "--upstream");
     let nft_only = std::env::args().any(|a| a == "--nft-only");
+    let kernel_names = std::env::args().any(|a| a == "--kernel-names");
     println!(
         "{services} services × {per} endpoints (affinity on every {affinity_every}th), release {release}, kernel: {}, {runs} runs of {partials} partial syncs, chunk {}",
         match mode {
             Mode::Kernel if nft_only => "nft in a network namespace",
+            Mode::Kernel if kernel_names =>
+                "netlink writer (nft for the rest; maps named __map%d) in a network namespace",
             Mode::Kernel => "netlink writer (nft for the rest) in a network namespace",
             Mode::Fake => "FakeNftables (applies)",
             Mode::Counting => "counting only",
         },
         chunk.map_or("default".to_string(), |c| c.to_string()),
     );
-    let options = Options { services, per, release, mode, partials, chunk, affinity_every, upstream, nft_only };
+    let options =
+        Options { services, per, release, mode, partials, chunk, affinity_every, upstream, nft_only, kernel_names };
     if std::env::args().any(|a| a == "--set-floor-only") {
         // Only the kernel's floor for this cluster's sets (see `set_floor`), for sizes where
         // a whole run would take too long.

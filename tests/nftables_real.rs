@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 
 use kube_proxy_rs::exec::RealExec;
 use kube_proxy_rs::nftables::fake::FakeNftables;
-use kube_proxy_rs::nftables::netlink::{KernelNetlink, NetlinkNftables, encode};
+use kube_proxy_rs::nftables::netlink::encode::{self, AnonymousNames};
+use kube_proxy_rs::nftables::netlink::{KernelNetlink, NetlinkNftables};
 use kube_proxy_rs::nftables::{
     BaseChain, Chain, ChainType, Element, Family, Hook, NftError, NftOptions, NftRunner, Nftables, Operation, Rule,
     Set, SetKind, TableState, Transaction, cleanup_tables,
@@ -876,7 +877,39 @@ fn listings(ns: &Netns, family: Family) -> (String, String) {
     let f = family.as_str();
     let text = ns.ok(&["nft", "list", "table", f, "kube-proxy"]);
     let bytecode = ns.ok(&["nft", "--debug=netlink", "list", "table", f, "kube-proxy"]);
-    (text, sorted_element_runs(&bytecode))
+    // What upstream's knftables reads (`nft --json list table`) reads the same too.
+    let json = ns.ok(&["nft", "--json", "list", "table", f, "kube-proxy"]);
+    (format!("{text}\n{json}"), sorted_element_runs(&anonymous_names_numbered(&bytecode)))
+}
+
+/// The bytecode listing with every anonymous set's name (`__map3`, `__set0`, or the netlink
+/// writer's own `__mapk…`) replaced by `__anonN`, N counting names in order of first
+/// appearance: two tables built alike name them alike, whoever picked the names (the
+/// text listing never shows them).
+fn anonymous_names_numbered(listing: &str) -> String {
+    let mut names: Vec<String> = Vec::new();
+    let mut out = String::with_capacity(listing.len());
+    for (i, line) in listing.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let words: Vec<String> = line
+            .split(' ')
+            .map(|word| {
+                let (at, name) = word.strip_prefix('@').map_or(("", word), |rest| ("@", rest));
+                if !(name.starts_with("__map") || name.starts_with("__set")) {
+                    return word.to_string();
+                }
+                let n = names.iter().position(|known| known == name).unwrap_or_else(|| {
+                    names.push(name.to_string());
+                    names.len() - 1
+                });
+                format!("{at}__anon{n}")
+            })
+            .collect();
+        out.push_str(&words.join(" "));
+    }
+    out
 }
 
 /// The bytecode listing with each set's element lines sorted: the kernel walks a hash set in
@@ -939,6 +972,54 @@ fn the_netlink_writer_writes_what_nft_writes() {
         // Chains, per-service rules, sets and elements: most of the shapes.
         assert!(over_netlink >= 45, "{family}: {over_netlink} operations over netlink");
     }
+}
+
+/// Anonymous maps the writer names itself: a second writer (a restarted daemon adopting the
+/// table) names its maps apart from the first's, and both list as nft's would; should two
+/// names ever meet, the kernel refuses the batch (the set is created exclusively) and
+/// nothing changes, so no map is ever added to another's.
+#[test]
+fn writers_name_their_anonymous_maps_apart_and_a_clash_is_refused() {
+    require_root!();
+    let ns = Netns::create("nl-names");
+    let family = Family::Ip;
+    let setup = Transaction {
+        ops: vec![
+            Operation::AddTable,
+            chain("endpoint-A"),
+            chain("endpoint-B"),
+            rule("endpoint-A", "meta l4proto tcp dnat to 198.19.0.1:80"),
+            rule("endpoint-B", "meta l4proto tcp dnat to 198.19.0.2:80"),
+        ],
+    };
+    runner(&ns, family).run(&setup).expect("the table, through nft");
+    let service = |name: &str| Transaction {
+        ops: vec![chain(name), rule(name, "numgen random mod 2 vmap { 0 : goto endpoint-A , 1 : goto endpoint-B }")],
+    };
+    let named = |prefix: &str| {
+        NetlinkNftables::named(
+            Arc::new(runner(&ns, family)),
+            Arc::new(KernelNetlink::in_netns(ns.name.clone())),
+            Some(AnonymousNames::with_prefix(prefix)),
+        )
+    };
+    let first = named("__map_T");
+    first.run(&service("service-1")).expect("the first writer's map");
+    let second = netlink_writer(&ns, family);
+    second.run(&service("service-2")).expect("a second writer's map, named apart");
+    assert_eq!(first.stats.netlink.load(Ordering::Relaxed) + second.stats.netlink.load(Ordering::Relaxed), 2);
+    let text = ns.ok(&["nft", "list", "table", "ip", "kube-proxy"]);
+    assert_eq!(
+        text.matches("numgen random mod 2 vmap { 0 : goto endpoint-A, 1 : goto endpoint-B }").count(),
+        2,
+        "{text}"
+    );
+
+    let before = listings(&ns, family);
+    let clash = named("__map_T");
+    let err = clash.run(&service("service-3")).expect_err("the name __map_T.0 exists");
+    assert!(err.to_string().contains("File exists"), "{err}");
+    assert_eq!(listings(&ns, family), before, "nothing of the refused batch was applied");
 }
 
 /// A partial sync's transaction (a new endpoint chain, the service chain rewritten, an old

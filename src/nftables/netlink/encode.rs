@@ -20,12 +20,14 @@
 //! V
 //! ```
 //!
-//! Not encoded (left to nft): anonymous sets in matches (`!= { … }`), interface names, base chains, comments on chains and sets, table operations, flushing
+//! `F saddr|daddr [!=] { ADDR|CIDR }` (one element) is the plain match, as nft compiles it.
+//!
+//! Not encoded (left to nft): anonymous sets of several addresses in matches, interface names, base chains, comments on chains and sets, table operations, flushing
 //! sets, counters, and any comment that is not plain printable ASCII.
 
 use std::net::IpAddr;
 
-use super::message::{AF_INET, AF_INET6, Attrs, Message, MsgType, NLM_F_APPEND, NLM_F_CREATE, attr};
+use super::message::{AF_INET, AF_INET6, Attrs, Message, MsgType, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, attr};
 use crate::nftables::{Family, Operation, Rule, Set, SetKind, TABLE};
 
 /// Why an operation is not encoded here (the transaction goes to nft).
@@ -44,9 +46,75 @@ pub struct Encoded {
     pub origins: Vec<usize>,
 }
 
-/// Encodes `ops` for the `family` table, or says why it cannot.
+/// Names for the anonymous maps of our batches, unique to this process: a random prefix
+/// and a counter (`__map_`: a non-digit after `__map`, so the kernel's numbering of nft's
+/// own `__map%d` sets never counts them, and they never collide with nft's).
+///
+/// Why not `__map%d`, as nft sends: for such a name the kernel finds a free number by
+/// parsing the name of every set in the table (`nf_tables_set_alloc_name`: a `sscanf` per
+/// set), the costliest of the walks over the table's sets that every new set pays, and
+/// the first write of a large table creates one anonymous map per service port. `nft
+/// list` prints anonymous sets inline whatever their names, so the table reads the same.
+#[derive(Debug)]
+pub struct AnonymousNames {
+    prefix: String,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl AnonymousNames {
+    /// `__map_` and 8 random characters (47 bits, from std's `RandomState` keys): short,
+    /// because every lookup by name in the kernel measures the name of every set in the
+    /// table (`nla_strcmp`'s `strlen`), and a second process's prefix (a restart adopting
+    /// the table) differs from the first's but once in ~10^14. Should two names still meet,
+    /// the set is created with `NLM_F_EXCL`: the transaction is refused, never merged.
+    pub fn random() -> AnonymousNames {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let mut bits = h.finish();
+        let mut prefix = String::from("__map_");
+        for _ in 0..8 {
+            prefix.push(char::from(NAME_DIGITS[(bits % 62) as usize]));
+            bits /= 62;
+        }
+        AnonymousNames::with_prefix(&prefix)
+    }
+
+    /// Names `PREFIX.N` (N in base 62; tests pick the prefix).
+    pub fn with_prefix(prefix: &str) -> AnonymousNames {
+        AnonymousNames { prefix: prefix.into(), next: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    fn next(&self) -> String {
+        let mut n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut digits = Vec::new();
+        loop {
+            digits.push(NAME_DIGITS[(n % 62) as usize]);
+            n /= 62;
+            if n == 0 {
+                break;
+            }
+        }
+        digits.reverse();
+        format!("{}.{}", self.prefix, String::from_utf8_lossy(&digits))
+    }
+}
+
+const NAME_DIGITS: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// Encodes `ops` for the `family` table, or says why it cannot; anonymous maps are named
+/// `__map%d` (the kernel numbers them), as nft names them.
 pub fn transaction(family: Family, ops: &[Operation]) -> Result<Encoded, Unsupported> {
-    let mut enc = Encoder { family, out: Encoded::default(), next_set_id: 1, op: 0 };
+    transaction_named(family, ops, None)
+}
+
+/// [`transaction`], with the anonymous maps named from `names` when given.
+pub fn transaction_named(
+    family: Family,
+    ops: &[Operation],
+    names: Option<&AnonymousNames>,
+) -> Result<Encoded, Unsupported> {
+    let mut enc = Encoder { family, out: Encoded::default(), next_set_id: 1, op: 0, names };
     for (i, op) in ops.iter().enumerate() {
         enc.op = i;
         enc.operation(op)?;
@@ -116,14 +184,15 @@ const NUMGEN_DNAT_MAP_USERDATA: [u8; 18] = [0, 4, 1, 0, 0, 0, 1, 4, 0, 0, 0, 0, 
 /// The user data of an address set declared by type (key byte order: big endian).
 const ADDRESS_SET_USERDATA: [u8; 6] = [0, 4, 2, 0, 0, 0];
 
-struct Encoder {
+struct Encoder<'n> {
     family: Family,
     out: Encoded,
     next_set_id: u32,
     op: usize,
+    names: Option<&'n AnonymousNames>,
 }
 
-impl Encoder {
+impl Encoder<'_> {
     fn push(&mut self, kind: MsgType, flags: u16, attrs: Attrs) {
         self.out.messages.push(Message { kind, flags, attrs: attrs.into_bytes() });
         self.out.origins.push(self.op);
@@ -296,6 +365,22 @@ impl Encoder {
                         }
                         exprs.payload(PAYLOAD_NETWORK, offset, self.addr_len());
                         exprs.lookup_named(checked_name(set)?);
+                    } else if value == "{" {
+                        // `{ A }` (a LoadBalancer's one source range, a family's one
+                        // service CIDR): nft compiles a set of one element as the plain
+                        // match, and so do we. More than one is an interval set: nft's.
+                        let mut items = Vec::new();
+                        loop {
+                            let tok = t.expect()?;
+                            if tok == "}" {
+                                break;
+                            }
+                            items.extend(tok.split(',').filter(|s| !s.is_empty()));
+                        }
+                        match items.as_slice() {
+                            [single] => self.address_match(&mut exprs, offset, op, single)?,
+                            _ => return unsupported(format!("an anonymous set of {} addresses", items.len())),
+                        }
                     } else {
                         self.address_match(&mut exprs, offset, op, value)?;
                     }
@@ -368,9 +453,9 @@ impl Encoder {
                         Ok(data)
                     })?;
                     let modulus = entries.len() as u32;
-                    let id = self.numgen_dnat_map(&entries);
+                    let (id, name) = self.numgen_dnat_map(&entries);
                     exprs.numgen_random(modulus);
-                    exprs.lookup_anonymous_map(id, REG_1);
+                    exprs.lookup_anonymous_map(id, &name, REG_1);
                     // The port follows the address in the registers: the next 32-bit register
                     // after an IPv4 address (NFT_REG32_01), the next 128-bit one after IPv6.
                     let port_reg = match self.family {
@@ -388,9 +473,9 @@ impl Encoder {
                         verdict(&format!("{v} {chain}"))
                     })?;
                     let modulus = entries.len() as u32;
-                    let id = self.numgen_vmap(&entries);
+                    let (id, name) = self.numgen_vmap(&entries);
                     exprs.numgen_random(modulus);
-                    exprs.lookup_anonymous_vmap(id);
+                    exprs.lookup_anonymous_vmap(id, &name);
                     ended = true;
                 }
                 "jump" | "goto" => {
@@ -465,7 +550,7 @@ impl Encoder {
 
     /// The anonymous map of `dnat … to numgen … map { i : ADDR . PORT }`: declared, then
     /// filled; its id. Data: the address and the port (network order), padded to 4 bytes.
-    fn numgen_dnat_map(&mut self, entries: &[(u32, Vec<u8>)]) -> u32 {
+    fn numgen_dnat_map(&mut self, entries: &[(u32, Vec<u8>)]) -> (u32, String) {
         let (data_type, data_len) = match self.family {
             Family::Ip => ((TYPE_IPADDR << 6) | TYPE_INET_SERVICE, 8),
             Family::Ip6 => ((TYPE_IP6ADDR << 6) | TYPE_INET_SERVICE, 20),
@@ -475,17 +560,28 @@ impl Encoder {
     }
 
     /// The anonymous verdict map of a `numgen … vmap` rule: declared, then filled; its id.
-    fn numgen_vmap(&mut self, entries: &[(u32, Verdict)]) -> u32 {
+    fn numgen_vmap(&mut self, entries: &[(u32, Verdict)]) -> (u32, String) {
         let entries: Vec<(u32, MapData)> = entries.iter().map(|(k, v)| (*k, MapData::Verdict(v.clone()))).collect();
         self.numgen_map(DATA_VERDICT, 0, &NUMGEN_VMAP_USERDATA, &entries)
     }
 
     /// An anonymous constant map keyed by `numgen`'s integers (host order), as nft declares
     /// and fills it; its id, for the rule's lookup.
-    fn numgen_map(&mut self, data_type: u32, data_len: u32, userdata: &[u8], entries: &[(u32, MapData)]) -> u32 {
+    fn numgen_map(
+        &mut self,
+        data_type: u32,
+        data_len: u32,
+        userdata: &[u8],
+        entries: &[(u32, MapData)],
+    ) -> (u32, String) {
         let id = self.set_id();
+        let (name, flags) = match self.names {
+            // A name of ours must be new: never add to a set that happens to have it.
+            Some(names) => (names.next(), NLM_F_CREATE | NLM_F_EXCL),
+            None => ("__map%d".to_string(), NLM_F_CREATE),
+        };
         let mut a = self.table_attrs(attr::SET_TABLE);
-        a.put_str(attr::SET_NAME, "__map%d")
+        a.put_str(attr::SET_NAME, &name)
             .put_be32(attr::SET_FLAGS, SET_ANONYMOUS | SET_CONSTANT | SET_MAP)
             .put_be32(attr::SET_KEY_TYPE, TYPE_INTEGER)
             .put_be32(attr::SET_KEY_LEN, 4)
@@ -494,10 +590,10 @@ impl Encoder {
             .put_be32(attr::SET_ID, id);
         a.begin(attr::SET_DESC).put_be32(attr::SET_DESC_SIZE, entries.len() as u32).end();
         a.put(attr::SET_USERDATA, userdata);
-        self.push(MsgType::NewSet, NLM_F_CREATE, a);
+        self.push(MsgType::NewSet, flags, a);
 
         let mut a = self.table_attrs(attr::SET_ELEM_LIST_TABLE);
-        a.put_str(attr::SET_ELEM_LIST_SET, "__map%d").put_be32(attr::SET_ELEM_LIST_SET_ID, id);
+        a.put_str(attr::SET_ELEM_LIST_SET, &name).put_be32(attr::SET_ELEM_LIST_SET_ID, id);
         a.begin(attr::SET_ELEM_LIST_ELEMENTS);
         for (i, (key, data)) in entries.iter().enumerate() {
             a.begin(i as u16 + 1);
@@ -514,7 +610,7 @@ impl Encoder {
         }
         a.end();
         self.push(MsgType::NewSetElem, NLM_F_CREATE, a);
-        id
+        (id, name)
     }
 }
 
@@ -761,13 +857,13 @@ impl Exprs {
         });
     }
 
-    fn lookup_anonymous_vmap(&mut self, id: u32) {
-        self.lookup_anonymous_map(id, REG_VERDICT);
+    fn lookup_anonymous_vmap(&mut self, id: u32, name: &str) {
+        self.lookup_anonymous_map(id, name, REG_VERDICT);
     }
 
-    fn lookup_anonymous_map(&mut self, id: u32, dreg: u32) {
+    fn lookup_anonymous_map(&mut self, id: u32, name: &str, dreg: u32) {
         self.expr("lookup", |a| {
-            a.put_be32(2, REG_1).put_be32(3, dreg).put_str(1, "__map%d").put_be32(4, id);
+            a.put_be32(2, REG_1).put_be32(3, dreg).put_str(1, name).put_be32(4, id);
         });
     }
 
@@ -849,6 +945,7 @@ mod tests {
     fn other_forms_are_left_to_nft() {
         for text in [
             "ip saddr != { 1.2.3.0/24 , 5.6.7.8 } drop",
+            "ip daddr { 10.96.0.0/12,fd00::/108 } drop",
             "iifname != \"veth*\" goto x",
             "meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.0.1 . 80 }",
             "ip6 saddr fd00::1 drop",
@@ -873,6 +970,47 @@ mod tests {
         let kinds: Vec<MsgType> = enc.messages.iter().map(|m| m.kind).collect();
         assert_eq!(kinds, vec![MsgType::NewSet, MsgType::NewSetElem, MsgType::NewRule]);
         assert_eq!(enc.origins, vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn a_set_of_one_address_is_the_plain_match() {
+        for (family, braced, plain) in [
+            (Family::Ip, "ip saddr != { 203.0.113.0/24 } drop", "ip saddr != 203.0.113.0/24 drop"),
+            (Family::Ip, "ip daddr { 10.96.0.0/12 } drop", "ip daddr 10.96.0.0/12 drop"),
+            (Family::Ip6, "ip6 saddr != { fd00::1 } drop", "ip6 saddr != fd00::1 drop"),
+        ] {
+            let a = transaction(family, &[rule(braced)]).unwrap_or_else(|e| panic!("{braced}: {e}"));
+            let b = transaction(family, &[rule(plain)]).unwrap();
+            assert_eq!(a.messages, b.messages, "{braced}");
+        }
+    }
+
+    /// Our names: distinct, never read as nft's `__map%d` (the kernel's numbering parses
+    /// `__map` then digits), short; the set is created exclusively and the elements and the
+    /// rule's lookup name it.
+    #[test]
+    fn anonymous_maps_named_by_us_are_distinct_and_created_exclusively() {
+        let names = AnonymousNames::random();
+        let first = names.next();
+        assert!(first.starts_with("__map_") && first.len() <= 18, "{first}");
+        let mut seen: std::collections::BTreeSet<String> = (0..5000).map(|_| names.next()).collect();
+        assert_eq!(seen.len(), 5000);
+        assert!(seen.insert(first));
+        assert_ne!(AnonymousNames::random().prefix, names.prefix, "each writer its own prefix");
+
+        let names = AnonymousNames::with_prefix("__map_T");
+        let text = "numgen random mod 2 vmap { 0 : goto a , 1 : goto b }";
+        let enc = transaction_named(Family::Ip, &[rule(text), rule(text)], Some(&names)).unwrap();
+        let contains = |m: &Message, s: &[u8]| m.attrs.windows(s.len()).any(|w| w == s);
+        for (i, name) in [b"__map_T.0\0", b"__map_T.1\0"].iter().enumerate() {
+            let [set, elems, lookup] = &enc.messages[i * 3..i * 3 + 3] else { unreachable!() };
+            assert_eq!(set.flags, NLM_F_CREATE | NLM_F_EXCL);
+            assert!(contains(set, *name) && contains(elems, *name) && contains(lookup, *name), "map {i}");
+        }
+        // nft's own naming leaves the number to the kernel, and may meet an existing set.
+        let enc = transaction(Family::Ip, &[rule(text)]).unwrap();
+        assert_eq!(enc.messages[0].flags, NLM_F_CREATE);
+        assert!(contains(&enc.messages[0], b"__map%d\0"));
     }
 
     #[test]

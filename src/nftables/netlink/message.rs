@@ -15,6 +15,8 @@ pub const NFNL_MSG_BATCH_END: u16 = 17;
 
 pub const NLM_F_REQUEST: u16 = 0x1;
 pub const NLM_F_ACK: u16 = 0x4;
+/// With `NLM_F_CREATE`: refuse (EEXIST) rather than update an object of the same name.
+pub const NLM_F_EXCL: u16 = 0x200;
 pub const NLM_F_CREATE: u16 = 0x400;
 pub const NLM_F_APPEND: u16 = 0x800;
 /// A nested attribute's type carries this bit.

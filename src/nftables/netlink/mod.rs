@@ -58,6 +58,8 @@ pub struct WriterStats {
 pub struct NetlinkNftables {
     cli: Arc<dyn Nftables>,
     netlink: Arc<dyn Netlink>,
+    /// How anonymous maps are named (none: `__map%d`, as nft does).
+    names: Option<encode::AnonymousNames>,
     seq: AtomicU32,
     warned_not_sent: std::sync::atomic::AtomicBool,
     pub stats: WriterStats,
@@ -70,11 +72,26 @@ impl std::fmt::Debug for NetlinkNftables {
 }
 
 impl NetlinkNftables {
+    /// The daemon's writer: anonymous maps get names of its own ([`encode::AnonymousNames`]:
+    /// the kernel then skips numbering them, about a third of a large first sync's kernel
+    /// time, docs/performance.md).
     pub fn new(cli: Arc<dyn Nftables>, netlink: Arc<dyn Netlink>) -> NetlinkNftables {
+        NetlinkNftables::named(cli, netlink, Some(encode::AnonymousNames::random()))
+    }
+
+    /// A writer that names anonymous maps `__map%d`, as nft does, so the kernel numbers them
+    /// (the benchmarks' comparison: `nft_scale --kernel-names`).
+    pub fn with_kernel_names(cli: Arc<dyn Nftables>, netlink: Arc<dyn Netlink>) -> NetlinkNftables {
+        NetlinkNftables::named(cli, netlink, None)
+    }
+
+    /// A writer naming anonymous maps from `names` (none: `__map%d`).
+    pub fn named(cli: Arc<dyn Nftables>, netlink: Arc<dyn Netlink>, names: Option<encode::AnonymousNames>) -> Self {
         // Sequence numbers tell a batch's answers apart (each batch opens its own socket).
         NetlinkNftables {
             cli,
             netlink,
+            names,
             seq: AtomicU32::new(0),
             warned_not_sent: std::sync::atomic::AtomicBool::new(false),
             stats: WriterStats::default(),
@@ -137,7 +154,7 @@ impl Nftables for NetlinkNftables {
         if tx.ops.is_empty() {
             return Ok(());
         }
-        match encode::transaction(self.cli.family(), &tx.ops) {
+        match encode::transaction_named(self.cli.family(), &tx.ops, self.names.as_ref()) {
             Ok(encoded) => {
                 self.stats.netlink.fetch_add(1, Ordering::Relaxed);
                 self.send(tx, encoded)
