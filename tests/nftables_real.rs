@@ -883,7 +883,7 @@ fn listings(ns: &Netns, family: Family) -> (String, String) {
 }
 
 /// The bytecode listing with every anonymous set's name (`__map3`, `__set0`, or the netlink
-/// writer's own `__mapk…`) replaced by `__anonN`, N counting names in order of first
+/// writer's own `__k…`) replaced by `__anonN`, N counting names in order of first
 /// appearance: two tables built alike name them alike, whoever picked the names (the
 /// text listing never shows them).
 fn anonymous_names_numbered(listing: &str) -> String {
@@ -897,7 +897,7 @@ fn anonymous_names_numbered(listing: &str) -> String {
             .split(' ')
             .map(|word| {
                 let (at, name) = word.strip_prefix('@').map_or(("", word), |rest| ("@", rest));
-                if !(name.starts_with("__map") || name.starts_with("__set")) {
+                if !(name.starts_with("__map") || name.starts_with("__set") || name.starts_with("__k")) {
                     return word.to_string();
                 }
                 let n = names.iter().position(|known| known == name).unwrap_or_else(|| {
@@ -1003,7 +1003,7 @@ fn writers_name_their_anonymous_maps_apart_and_a_clash_is_refused() {
             Some(AnonymousNames::with_prefix(prefix)),
         )
     };
-    let first = named("__map_T");
+    let first = named("__kT");
     first.run(&service("service-1")).expect("the first writer's map");
     let second = netlink_writer(&ns, family);
     second.run(&service("service-2")).expect("a second writer's map, named apart");
@@ -1016,8 +1016,8 @@ fn writers_name_their_anonymous_maps_apart_and_a_clash_is_refused() {
     );
 
     let before = listings(&ns, family);
-    let clash = named("__map_T");
-    let err = clash.run(&service("service-3")).expect_err("the name __map_T.0 exists");
+    let clash = named("__kT");
+    let err = clash.run(&service("service-3")).expect_err("the name __kT0 exists");
     assert!(err.to_string().contains("File exists"), "{err}");
     assert_eq!(listings(&ns, family), before, "nothing of the refused batch was applied");
 }

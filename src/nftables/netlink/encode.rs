@@ -46,9 +46,10 @@ pub struct Encoded {
     pub origins: Vec<usize>,
 }
 
-/// Names for the anonymous maps of our batches, unique to this process: a random prefix
-/// and a counter (`__map_`: a non-digit after `__map`, so the kernel's numbering of nft's
-/// own `__map%d` sets never counts them, and they never collide with nft's).
+/// Names for the anonymous maps of our batches, unique to this process: `__k`, a random
+/// part, and a counter (not `__map` or `__set` then digits, so the kernel's numbering of
+/// nft's own `__map%d` sets never counts them, and they never meet nft's names; nft tells
+/// anonymous sets by their flag, never by their name).
 ///
 /// Why not `__map%d`, as nft sends: for such a name the kernel finds a free number by
 /// parsing the name of every set in the table (`nf_tables_set_alloc_name`: a `sscanf` per
@@ -62,7 +63,7 @@ pub struct AnonymousNames {
 }
 
 impl AnonymousNames {
-    /// `__map_` and 8 random characters (47 bits, from std's `RandomState` keys): short,
+    /// `__k` and 8 random characters (47 bits, from std's `RandomState` keys): short,
     /// because every lookup by name in the kernel measures the name of every set in the
     /// table (`nla_strcmp`'s `strlen`), and a second process's prefix (a restart adopting
     /// the table) differs from the first's but once in ~10^14. Should two names still meet,
@@ -72,7 +73,7 @@ impl AnonymousNames {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u32(std::process::id());
         let mut bits = h.finish();
-        let mut prefix = String::from("__map_");
+        let mut prefix = String::from("__k");
         for _ in 0..8 {
             prefix.push(char::from(NAME_DIGITS[(bits % 62) as usize]));
             bits /= 62;
@@ -80,7 +81,7 @@ impl AnonymousNames {
         AnonymousNames::with_prefix(&prefix)
     }
 
-    /// Names `PREFIX.N` (N in base 62; tests pick the prefix).
+    /// Names `PREFIXN` (N in base 62; the random prefix has a fixed width; tests pick it).
     pub fn with_prefix(prefix: &str) -> AnonymousNames {
         AnonymousNames { prefix: prefix.into(), next: std::sync::atomic::AtomicU64::new(0) }
     }
@@ -96,7 +97,7 @@ impl AnonymousNames {
             }
         }
         digits.reverse();
-        format!("{}.{}", self.prefix, String::from_utf8_lossy(&digits))
+        format!("{}{}", self.prefix, String::from_utf8_lossy(&digits))
     }
 }
 
@@ -992,17 +993,17 @@ mod tests {
     fn anonymous_maps_named_by_us_are_distinct_and_created_exclusively() {
         let names = AnonymousNames::random();
         let first = names.next();
-        assert!(first.starts_with("__map_") && first.len() <= 18, "{first}");
+        assert!(first.starts_with("__k") && first.len() == 12, "{first}");
         let mut seen: std::collections::BTreeSet<String> = (0..5000).map(|_| names.next()).collect();
         assert_eq!(seen.len(), 5000);
         assert!(seen.insert(first));
         assert_ne!(AnonymousNames::random().prefix, names.prefix, "each writer its own prefix");
 
-        let names = AnonymousNames::with_prefix("__map_T");
+        let names = AnonymousNames::with_prefix("__kT");
         let text = "numgen random mod 2 vmap { 0 : goto a , 1 : goto b }";
         let enc = transaction_named(Family::Ip, &[rule(text), rule(text)], Some(&names)).unwrap();
         let contains = |m: &Message, s: &[u8]| m.attrs.windows(s.len()).any(|w| w == s);
-        for (i, name) in [b"__map_T.0\0", b"__map_T.1\0"].iter().enumerate() {
+        for (i, name) in [b"__kT0\0", b"__kT1\0"].iter().enumerate() {
             let [set, elems, lookup] = &enc.messages[i * 3..i * 3 + 3] else { unreachable!() };
             assert_eq!(set.flags, NLM_F_CREATE | NLM_F_EXCL);
             assert!(contains(set, *name) && contains(elems, *name) && contains(lookup, *name), "map {i}");
