@@ -222,6 +222,9 @@ fn every_rule_shape(family: Family) -> Transaction {
             "firewall-ULMVA6XW-ns1/svc1/tcp/p80",
             &format!("{x} saddr != {{ {other_cidr} , {local} , {lb} , {cip} }} drop"),
         ),
+        // Apart (the one above touches in IPv4: nft merges it, so the writer leaves it to nft).
+        rule("firewall-ULMVA6XW-ns1/svc1/tcp/p80", &format!("{x} saddr != {{ {lb} , {other_cidr} , {cip} }} drop")),
+        rule("cluster-ips-check", &format!("{x} daddr {{ {other_cidr},{lb} }} drop")),
         // The services chain, both generations.
         rule_c(
             "services",

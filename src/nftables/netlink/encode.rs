@@ -20,9 +20,12 @@
 //! V
 //! ```
 //!
-//! `F saddr|daddr [!=] { ADDR|CIDR }` (one element) is the plain match, as nft compiles it.
+//! `F saddr|daddr [!=] { ADDR|CIDR }` (one element) is the plain match, as nft compiles it;
+//! with several, an anonymous interval set (`{ A , B , … }`, a LoadBalancer's source ranges,
+//! the service CIDRs).
 //!
-//! Not encoded (left to nft): anonymous sets of several addresses in matches, interface names, base chains, comments on chains and sets, table operations, flushing
+//! Not encoded (left to nft): address sets whose ranges touch or overlap (nft merges them)
+//! or reach either end of the address space, interface names, base chains, comments on chains and sets, table operations, flushing
 //! sets, counters, and any comment that is not plain printable ASCII.
 
 use std::net::IpAddr;
@@ -163,6 +166,9 @@ const NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 // Set flags and types.
 const SET_ANONYMOUS: u32 = 0x1;
 const SET_CONSTANT: u32 = 0x2;
+const SET_INTERVAL: u32 = 0x4;
+/// NFT_SET_ELEM_INTERVAL_END.
+const SET_ELEM_INTERVAL_END: u32 = 0x1;
 const SET_MAP: u32 = 0x8;
 const SET_TIMEOUT: u32 = 0x10;
 const SET_EVAL: u32 = 0x20;
@@ -181,6 +187,29 @@ const NUMGEN_VMAP_USERDATA: [u8; 28] =
 /// The user data nft 1.0.6 gives the anonymous map of `dnat … to numgen … map { … }`: key
 /// byte order host, data byte order unset, no interval data.
 const NUMGEN_DNAT_MAP_USERDATA: [u8; 18] = [0, 4, 1, 0, 0, 0, 1, 4, 0, 0, 0, 0, 6, 4, 0, 0, 0, 0];
+
+/// nft's protocol descriptions (`proto_ip`, `proto_ip6`) as its `typeof` user data numbers them.
+const PROTO_DESC_IP: u8 = 12;
+const PROTO_DESC_IP6: u8 = 13;
+
+/// The user data nft 1.0.6 gives the anonymous interval set of `F saddr|daddr { … }`: key
+/// byte order big endian, elements merged, the key's `typeof` (a payload expression: the
+/// protocol and its field, ip 11 saddr / 12 daddr, ip6 8 / 9).
+fn address_typeof_userdata(proto: u8, saddr: bool) -> Vec<u8> {
+    let field = match (proto, saddr) {
+        (PROTO_DESC_IP, true) => 11,
+        (PROTO_DESC_IP, false) => 12,
+        (_, true) => 8,
+        (_, false) => 9,
+    };
+    vec![
+        0, 4, 2, 0, 0, 0, // key byte order: big endian
+        2, 4, 1, 0, 0, 0, // merge elements
+        3, 20, // typeof the key:
+        0, 4, 7, 0, 0, 0, // a payload expression
+        1, 12, 0, 4, proto, 0, 0, 0, 1, 4, field, 0, 0, 0, // of this protocol and field
+    ]
+}
 
 /// The user data of an address set declared by type (key byte order: big endian).
 const ADDRESS_SET_USERDATA: [u8; 6] = [0, 4, 2, 0, 0, 0];
@@ -380,7 +409,7 @@ impl Encoder<'_> {
                         }
                         match items.as_slice() {
                             [single] => self.address_match(&mut exprs, offset, op, single)?,
-                            _ => return unsupported(format!("an anonymous set of {} addresses", items.len())),
+                            _ => self.address_set_match(&mut exprs, offset, op, &items)?,
                         }
                     } else {
                         self.address_match(&mut exprs, offset, op, value)?;
@@ -549,6 +578,98 @@ impl Encoder<'_> {
         Ok(())
     }
 
+    /// `F saddr|daddr [!=] { A , B , … }`: the addresses and prefixes as an anonymous
+    /// interval set, as nft compiles them: elements ascending, each range its first address
+    /// and (flagged as an interval's end) the address after its last, led by an end at
+    /// address zero. nft merges ranges that touch or overlap and treats ranges at either end
+    /// of the address space specially: those sets are left to it.
+    fn address_set_match(
+        &mut self,
+        exprs: &mut Exprs,
+        offset: u32,
+        op: u32,
+        items: &[&str],
+    ) -> Result<(), Unsupported> {
+        let bits = self.addr_len() * 8;
+        let top: u128 = if bits == 128 { u128::MAX } else { (1u128 << bits) - 1 };
+        let mut ranges = Vec::with_capacity(items.len());
+        for item in items {
+            let (addr, prefix) = match item.split_once('/') {
+                Some((a, p)) => (a, p.parse::<u32>().map_err(|_| Unsupported(format!("prefix {item}")))?),
+                None => (*item, bits),
+            };
+            let Some(ip) = parse_addr(addr, self.family) else { return unsupported(format!("address {item}")) };
+            if prefix == 0 || prefix > bits {
+                return unsupported(format!("prefix {item}"));
+            }
+            let first = ip_bytes(ip).iter().fold(0u128, |acc, b| (acc << 8) | u128::from(*b));
+            let host = if prefix == bits { 0 } else { top >> prefix };
+            if first & host != 0 {
+                return unsupported(format!("{item} has bits outside its prefix"));
+            }
+            ranges.push((first, first | host));
+        }
+        ranges.sort_unstable();
+        let touching = ranges.windows(2).any(|w| w[0].1.saturating_add(1) >= w[1].0);
+        let (Some(lowest), Some(highest)) = (ranges.first(), ranges.last()) else {
+            return unsupported("an empty set");
+        };
+        if touching || lowest.0 == 0 || highest.1 == top {
+            return unsupported(format!("an address set nft merges or bounds: {}", items.join(", ")));
+        }
+        let len = self.addr_len() as usize;
+        let key = |v: u128| v.to_be_bytes()[16 - len..].to_vec();
+        let mut elements = vec![(key(0), true)];
+        for (first, last) in &ranges {
+            elements.push((key(*first), false));
+            elements.push((key(last + 1), true));
+        }
+
+        let id = self.set_id();
+        let (name, flags) = self.anonymous_name("__set%d");
+        let (key_type, userdata) = match self.family {
+            Family::Ip => (TYPE_IPADDR, address_typeof_userdata(PROTO_DESC_IP, offset == 12)),
+            Family::Ip6 => (TYPE_IP6ADDR, address_typeof_userdata(PROTO_DESC_IP6, offset == 8)),
+        };
+        let mut a = self.table_attrs(attr::SET_TABLE);
+        a.put_str(attr::SET_NAME, &name)
+            .put_be32(attr::SET_FLAGS, SET_ANONYMOUS | SET_CONSTANT | SET_INTERVAL)
+            .put_be32(attr::SET_KEY_TYPE, key_type)
+            .put_be32(attr::SET_KEY_LEN, self.addr_len())
+            .put_be32(attr::SET_ID, id);
+        a.begin(attr::SET_DESC).put_be32(attr::SET_DESC_SIZE, elements.len() as u32).end();
+        a.put(attr::SET_USERDATA, &userdata);
+        self.push(MsgType::NewSet, flags, a);
+
+        let mut a = self.table_attrs(attr::SET_ELEM_LIST_TABLE);
+        a.put_str(attr::SET_ELEM_LIST_SET, &name).put_be32(attr::SET_ELEM_LIST_SET_ID, id);
+        a.begin(attr::SET_ELEM_LIST_ELEMENTS);
+        for (i, (key, end)) in elements.iter().enumerate() {
+            a.begin(i as u16 + 1);
+            if *end {
+                a.put_be32(attr::SET_ELEM_FLAGS, SET_ELEM_INTERVAL_END);
+            }
+            a.begin(attr::SET_ELEM_KEY).put(attr::DATA_VALUE, key).end();
+            a.end();
+        }
+        a.end();
+        self.push(MsgType::NewSetElem, NLM_F_CREATE, a);
+
+        exprs.payload(PAYLOAD_NETWORK, offset, self.addr_len());
+        exprs.lookup_anonymous_set(id, &name, op == CMP_NEQ);
+        Ok(())
+    }
+
+    /// The name of a new anonymous set (nft's form, `__set%d` or `__map%d`, unless this
+    /// encoder names them itself) and the flags its creation takes.
+    fn anonymous_name(&self, nft_form: &str) -> (String, u16) {
+        match self.names {
+            // A name of ours must be new: never add to a set that happens to have it.
+            Some(names) => (names.next(), NLM_F_CREATE | NLM_F_EXCL),
+            None => (nft_form.to_string(), NLM_F_CREATE),
+        }
+    }
+
     /// The anonymous map of `dnat … to numgen … map { i : ADDR . PORT }`: declared, then
     /// filled; its id. Data: the address and the port (network order), padded to 4 bytes.
     fn numgen_dnat_map(&mut self, entries: &[(u32, Vec<u8>)]) -> (u32, String) {
@@ -576,11 +697,7 @@ impl Encoder<'_> {
         entries: &[(u32, MapData)],
     ) -> (u32, String) {
         let id = self.set_id();
-        let (name, flags) = match self.names {
-            // A name of ours must be new: never add to a set that happens to have it.
-            Some(names) => (names.next(), NLM_F_CREATE | NLM_F_EXCL),
-            None => ("__map%d".to_string(), NLM_F_CREATE),
-        };
+        let (name, flags) = self.anonymous_name("__map%d");
         let mut a = self.table_attrs(attr::SET_TABLE);
         a.put_str(attr::SET_NAME, &name)
             .put_be32(attr::SET_FLAGS, SET_ANONYMOUS | SET_CONSTANT | SET_MAP)
@@ -858,6 +975,16 @@ impl Exprs {
         });
     }
 
+    /// `lookup` of an anonymous set (no data), inverted for `!=` (NFT_LOOKUP_F_INV).
+    fn lookup_anonymous_set(&mut self, id: u32, name: &str, inverted: bool) {
+        self.expr("lookup", |a| {
+            a.put_be32(2, REG_1).put_str(1, name).put_be32(4, id);
+            if inverted {
+                a.put_be32(5, 1);
+            }
+        });
+    }
+
     fn lookup_anonymous_vmap(&mut self, id: u32, name: &str) {
         self.lookup_anonymous_map(id, name, REG_VERDICT);
     }
@@ -945,7 +1072,13 @@ mod tests {
     #[test]
     fn other_forms_are_left_to_nft() {
         for text in [
-            "ip saddr != { 1.2.3.0/24 , 5.6.7.8 } drop",
+            // Ranges nft merges (touching, overlapping, repeated) or that reach either end.
+            "ip saddr != { 10.0.0.0/24 , 10.0.1.0/24 } drop",
+            "ip saddr != { 10.0.0.0/16 , 10.0.5.0/24 } drop",
+            "ip saddr != { 10.0.0.1 , 10.0.0.1 } drop",
+            "ip saddr != { 0.0.0.0/1 , 203.0.113.0/24 } drop",
+            "ip saddr != { 128.0.0.0/1 , 10.0.0.0/8 } drop",
+            "ip saddr != { 10.0.0.1/8 , 203.0.113.0/24 } drop",
             "ip daddr { 10.96.0.0/12,fd00::/108 } drop",
             "iifname != \"veth*\" goto x",
             "meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.0.1 . 80 }",
@@ -983,6 +1116,29 @@ mod tests {
             let a = transaction(family, &[rule(braced)]).unwrap_or_else(|e| panic!("{braced}: {e}"));
             let b = transaction(family, &[rule(plain)]).unwrap();
             assert_eq!(a.messages, b.messages, "{braced}");
+        }
+    }
+
+    /// `{ A , B }`: an interval set, its elements ascending from an end at zero, each range
+    /// its first address and the address after its last (flagged), as nft sends them.
+    #[test]
+    fn an_address_set_is_an_interval_set() {
+        let enc = transaction(Family::Ip, &[rule("ip saddr != { 203.0.113.0/24 , 198.18.0.5 , 198.19.0.0/16 } drop")])
+            .unwrap();
+        let kinds: Vec<MsgType> = enc.messages.iter().map(|m| m.kind).collect();
+        assert_eq!(kinds, vec![MsgType::NewSet, MsgType::NewSetElem, MsgType::NewRule]);
+        let elems = &enc.messages[1].attrs;
+        let at = |key: [u8; 4]| elems.windows(4).position(|w| w == key).unwrap_or_else(|| panic!("{key:?}"));
+        let order =
+            [[198, 18, 0, 5], [198, 18, 0, 6], [198, 19, 0, 0], [198, 20, 0, 0], [203, 0, 113, 0], [203, 0, 114, 0]];
+        assert!(order.windows(2).all(|w| at(w[0]) < at(w[1])), "ascending");
+        // The user data nft gives it (ip saddr), byte for byte from `nft --debug=mnl`.
+        let userdata =
+            [0, 4, 2, 0, 0, 0, 2, 4, 1, 0, 0, 0, 3, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 12, 0, 0, 0, 1, 4, 11, 0, 0, 0];
+        assert!(enc.messages[0].attrs.windows(userdata.len()).any(|w| w == userdata));
+        for text in ["ip daddr { 198.18.0.0/15 , 203.0.113.7 } drop", "ip6 saddr != { fd00:18::/64 , fd00::5 } drop"] {
+            let family = if text.starts_with("ip6") { Family::Ip6 } else { Family::Ip };
+            assert!(transaction(family, &[rule(text)]).is_ok(), "{text}");
         }
     }
 

@@ -70,6 +70,7 @@ pub mod attr {
     pub const SET_ELEM_LIST_SET_ID: u16 = 4;
     pub const SET_ELEM_KEY: u16 = 1;
     pub const SET_ELEM_DATA: u16 = 2;
+    pub const SET_ELEM_FLAGS: u16 = 3;
     pub const SET_ELEM_USERDATA: u16 = 6;
     pub const DATA_VALUE: u16 = 1;
     pub const DATA_VERDICT: u16 = 2;
