@@ -5,7 +5,7 @@
 //! the kernel runner makes it) and measured inside the timed sync; with `--fake` the fake's
 //! applying (a copy of the whole table per transaction, for atomicity) is inside it too.
 //!
-//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream] [--nft-only] [--kernel-names] [--set-floor-only]
+//!     cargo run --release --example nft_scale -- 5000 50 [--release 1.35] [--fake | --kernel] [--runs 3] [--partials 9] [--chunk OPS] [--affinity-every K] [--upstream] [--nft-only] [--kernel-names] [--set-floor-only] [--floor-writer nft|netlink|both]
 //!
 //! `--kernel` (root): the daemon's writer ([`NetlinkNftables`]: netlink batches for what it
 //! encodes, the [`NftRunner`] for the rest; `--nft-only`: the runner alone; `--kernel-names`:
@@ -20,8 +20,9 @@
 //! `--upstream` (with `--kernel`): each run also writes the same cluster's first sync as
 //! upstream's full sync writes it ([`upstream_first_sync`]: one transaction, upstream's order)
 //! with one `nft -f` into a fresh namespace, timed, so the two can be compared in one run;
-//! and the kernel's floor for that many sets ([`set_floor`]). `--set-floor-only`: that floor
-//! alone (no proxier run).
+//! and the kernel's floor for that many sets ([`set_floor`], through nft and through the
+//! netlink writer; `--floor-writer` picks one). `--set-floor-only`: that floor alone (no
+//! proxier run).
 //! The load averages are printed around the first sync (the machine may be shared).
 //!
 //! Each run (a fresh proxier): the first (full) sync; `--partials` one-endpoint changes (one
@@ -404,14 +405,25 @@ fn replay(tx: &Transaction, run: usize, check_only: bool) -> Duration {
 /// before rules) in transactions of `chunk` operations into a fresh namespace; no elements,
 /// no other rules. Every set the kernel adds walks the table's list of sets (name checks,
 /// anonymous-set numbering) and every rule naming a set looks it up in that list, so this is
-/// what any writer of upstream's rule shapes pays. Returns the wall time.
-fn set_floor(anonymous: usize, named: usize, chunk: usize, run: usize) -> Duration {
+/// what any writer of upstream's rule shapes pays. `writer`: through `nft -f` (nft's
+/// `__map%d` names, which the kernel numbers), or the daemon's netlink writer (its own
+/// names). The table and the chain everything jumps to are written first, untimed. Returns
+/// the wall time and the system CPU time of writing the rest.
+fn set_floor(anonymous: usize, named: usize, chunk: usize, run: usize, writer: FloorWriter) -> (Duration, f64) {
     let ns = Netns::create(2000 + run);
     let options =
         NftOptions { netns: Some(ns.0.clone()), command_timeout: Duration::from_secs(900), ..NftOptions::default() };
-    let nft = NftRunner::new(Arc::new(RealExec), Family::Ip, options).unwrap_or_else(|e| panic!("{e}"));
+    let nft = Arc::new(NftRunner::new(Arc::new(RealExec), Family::Ip, options).unwrap_or_else(|e| panic!("{e}")));
+    nft.run(&Transaction { ops: vec![Operation::AddTable, Operation::AddChain(Chain::regular("t"))] })
+        .unwrap_or_else(|e| panic!("set floor's table: {e}"));
+    let out: Arc<dyn Nftables> = match writer {
+        FloorWriter::Nft => nft.clone(),
+        FloorWriter::Netlink => {
+            Arc::new(NetlinkNftables::new(nft.clone(), Arc::new(KernelNetlink::in_netns(ns.0.clone()))))
+        }
+    };
     let rule = |chain: String, text: String| Operation::AddRule(Rule { chain, text, comment: None });
-    let mut ops = vec![Operation::AddTable, Operation::AddChain(Chain::regular("t"))];
+    let mut ops = Vec::new();
     ops.extend((0..anonymous).map(|i| Operation::AddChain(Chain::regular(format!("c{i}")))));
     ops.extend(
         (0..anonymous).map(|i| rule(format!("c{i}"), "numgen random mod 2 vmap { 0 : goto t , 1 : goto t }".into())),
@@ -431,14 +443,42 @@ fn set_floor(anonymous: usize, named: usize, chunk: usize, run: usize) -> Durati
         ops.push(rule(format!("e{i}"), format!("ip saddr @a{i} goto t")));
         ops.push(rule(format!("e{i}"), format!("update @a{i} {{ ip saddr }}")));
     }
+    let cpu = cpu_times();
     let started = Instant::now();
     for piece in ops.chunks(chunk.max(1)) {
-        nft.run(&Transaction { ops: piece.to_vec() }).unwrap_or_else(|e| panic!("set floor: {e}"));
+        out.run(&Transaction { ops: piece.to_vec() }).unwrap_or_else(|e| panic!("set floor: {e}"));
     }
     let elapsed = started.elapsed();
+    let system = cpu_times().1 - cpu.1;
+    drop(out);
     drop(nft);
     drop(ns);
-    elapsed
+    (elapsed, system)
+}
+
+/// Who writes the set floor ([`set_floor`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FloorWriter {
+    Nft,
+    Netlink,
+}
+
+/// `--floor-writer nft|netlink|both` (default both).
+fn floor_writers() -> Vec<FloorWriter> {
+    let pos = std::env::args().position(|a| a == "--floor-writer");
+    match pos.and_then(|i| std::env::args().nth(i + 1)).as_deref() {
+        Some("nft") => vec![FloorWriter::Nft],
+        Some("netlink") => vec![FloorWriter::Netlink],
+        _ => vec![FloorWriter::Nft, FloorWriter::Netlink],
+    }
+}
+
+/// Prints one set floor's row.
+fn print_floor(anonymous: usize, named: usize, chunk: usize, writer: FloorWriter, (wall, system): (Duration, f64)) {
+    println!(
+        "| set floor ({writer:?}): {anonymous} anonymous maps, {named} named sets (2 references each), pieces of {chunk} | {} | system CPU {system:.2} s |",
+        ms(wall)
+    );
 }
 
 fn one_run(o: &Options, run: usize) -> Run {
@@ -562,11 +602,12 @@ fn one_run(o: &Options, run: usize) -> Run {
         println!("| upstream's first sync, one `nft -f` | {} | {} in 1 | | | | |", ms(t), tx.len());
         let (anonymous, named) = set_counts(&tx);
         let chunk = o.chunk.unwrap_or(kube_proxy_rs::proxier::nftables::plan::CHUNK_OPERATIONS);
-        let f = set_floor(anonymous, named, chunk, run);
-        println!(
-            "| set floor: {anonymous} anonymous maps, {named} named sets (2 references each), pieces of {chunk} | {} | | | | | |",
-            ms(f)
-        );
+        let mut f = Duration::ZERO;
+        for writer in floor_writers() {
+            let floor = set_floor(anonymous, named, chunk, run, writer);
+            print_floor(anonymous, named, chunk, writer, floor);
+            f = floor.0;
+        }
         println!("load after upstream's and the set floor: {}", load());
         println!();
         (t, f)
@@ -655,13 +696,12 @@ fn main() {
         // a whole run would take too long.
         let (anonymous, named) = set_counts(&upstream_first_sync(&options));
         let chunk = chunk.unwrap_or(kube_proxy_rs::proxier::nftables::plan::CHUNK_OPERATIONS);
-        println!("load before: {}", load());
-        let f = set_floor(anonymous, named, chunk, 0);
-        println!(
-            "| set floor: {anonymous} anonymous maps, {named} named sets (2 references each), pieces of {chunk} | {} |",
-            ms(f)
-        );
-        println!("load after: {}", load());
+        for writer in floor_writers() {
+            println!("load before: {}", load());
+            let floor = set_floor(anonymous, named, chunk, 0, writer);
+            print_floor(anonymous, named, chunk, writer, floor);
+            println!("load after: {}", load());
+        }
         return;
     }
     let mut all = Vec::new();
