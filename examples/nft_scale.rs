@@ -401,8 +401,9 @@ fn replay(tx: &Transaction, run: usize, check_only: bool) -> Duration {
 
 /// The kernel's floor for the sets of a first sync: `anonymous` chains each with one rule
 /// holding an anonymous map, then `named` affinity-like sets each named by two rules, written
-/// in the cheapest order found (anonymous maps before any named set exists, declarations
-/// before rules) in transactions of `chunk` operations into a fresh namespace; no elements,
+/// in the cheapest order found (anonymous maps before any named set exists; in each piece
+/// its declarations, then their rules) in transactions of `chunk` operations into a fresh
+/// namespace; no elements,
 /// no other rules. Every set the kernel adds walks the table's list of sets (name checks,
 /// anonymous-set numbering) and every rule naming a set looks it up in that list, so this is
 /// what any writer of upstream's rule shapes pays. `writer`: through `nft -f` (nft's
@@ -423,11 +424,16 @@ fn set_floor(anonymous: usize, named: usize, chunk: usize, run: usize, writer: F
         }
     };
     let rule = |chain: String, text: String| Operation::AddRule(Rule { chain, text, comment: None });
+    // Each piece declares its chains, then gives each its map (as the planner orders a
+    // piece: declarations, then the rules holding anonymous maps).
     let mut ops = Vec::new();
-    ops.extend((0..anonymous).map(|i| Operation::AddChain(Chain::regular(format!("c{i}")))));
-    ops.extend(
-        (0..anonymous).map(|i| rule(format!("c{i}"), "numgen random mod 2 vmap { 0 : goto t , 1 : goto t }".into())),
-    );
+    let per_piece = (chunk.max(2) / 2).max(1);
+    for block in (0..anonymous).collect::<Vec<_>>().chunks(per_piece) {
+        ops.extend(block.iter().map(|i| Operation::AddChain(Chain::regular(format!("c{i}")))));
+        ops.extend(
+            block.iter().map(|i| rule(format!("c{i}"), "numgen random mod 2 vmap { 0 : goto t , 1 : goto t }".into())),
+        );
+    }
     for i in 0..named {
         ops.push(Operation::AddSet(kube_proxy_rs::nftables::Set {
             kind: kube_proxy_rs::nftables::SetKind::Set,
